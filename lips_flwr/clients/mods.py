@@ -1,0 +1,118 @@
+"""Client mods for the Message API: ``app = ClientApp(mods=[fedbn_mod, lips_mod])``.
+
+Mods run in list order on the way in and in reverse on the way out, so with
+the order above the mask is applied to the model after FedBN restored the
+client's own batch-norm tensors, and the local update is measured on exactly
+the model training started from.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from logging import ERROR, WARNING
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
+from flwr.supercore import log
+
+from ..layers import batch_norm_names
+from ..records import numpy_to_record, record_to_numpy
+from .state import after_training, before_training, restore_local, save_local
+
+
+def _error_reply(msg: Message, reason: str) -> Message:
+    log(ERROR, reason)
+    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
+
+
+def _single(msg: Message, kind: type) -> tuple[str, object] | None:
+    records = [(k, v) for k, v in msg.content.items() if isinstance(v, kind)]
+    return records[0] if len(records) == 1 else None
+
+
+def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Track the local update; apply the client-mode LIPS mask on mask rounds.
+
+    Works with :class:`lips_flwr.strategies.LIPS` on the server: in client mode
+    the server sends ``lips-tau`` and the layers, and this mod zeroes the
+    lowest ``|delta * w|`` entries of the received model, ``delta`` being this
+    client's local update from the previous round (magnitude when it has
+    none). In both modes it adds ``lips-update-norm`` metrics to the reply.
+    Only TRAIN messages are touched.
+    """
+    if msg.metadata.message_type != MessageType.TRAIN:
+        return call_next(msg, context)
+    found = _single(msg, ArrayRecord)
+    if found is None:
+        return _error_reply(msg, "lips_mod expects exactly one ArrayRecord in the train message")
+    key, record = found
+    config_found = _single(msg, ConfigRecord)
+    config = config_found[1] if config_found else {}
+    received = record_to_numpy(record)
+    try:
+        start, mask_metrics, round_config = before_training(
+            context.state, received, config, (context.node_id,)
+        )
+    except ValueError as err:
+        return _error_reply(msg, f"lips_mod: {err}")
+    changed = [n for n in start if start[n] is not received[n]]
+    if changed:
+        msg.content[key] = numpy_to_record(start, record, changed)
+
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    out = _single(reply, ArrayRecord)
+    if out is None or list(out[1].keys()) != list(record.keys()):
+        log(WARNING, "lips_mod: the reply's arrays do not match the received ones; "
+                     "local update not tracked this round")
+        return reply
+    metrics = after_training(context.state, start, record_to_numpy(out[1]), round_config)
+    metrics.update(mask_metrics)
+    for metric_record in reply.content.metric_records.values():
+        metric_record.update(metrics)
+        break
+    return reply
+
+
+def make_fedbn_mod(local: Sequence[str] | None = None):
+    """Build a mod that keeps some tensors local to each client (FedBN by default).
+
+    Parameters
+    ----------
+    local : sequence of str, optional
+        Names or glob patterns of the tensors that never take the server's
+        value. Default: the batch-norm tensors, recognised by their running
+        statistics (see :func:`lips_flwr.layers.batch_norm_names`).
+    """
+
+    def local_names(arrays) -> list[str]:
+        if local is None:
+            return batch_norm_names(arrays)
+        return [n for n in arrays if any(fnmatch.fnmatch(n, p) for p in local)]
+
+    def fedbn_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        """Restore this client's local tensors on the way in; store them on the way out."""
+        found = _single(msg, ArrayRecord)
+        if found is None or msg.metadata.message_type not in (MessageType.TRAIN, MessageType.EVALUATE):
+            return call_next(msg, context)
+        key, record = found
+        names = local_names(record)
+        received = {n: record[n].numpy() for n in names}  # only what may be replaced
+        restored = restore_local(context.state, received, names)
+        changed = [n for n in restored if restored[n] is not received[n]]
+        if changed:
+            msg.content[key] = numpy_to_record(restored, record, changed)
+        reply = call_next(msg, context)
+        out = _single(reply, ArrayRecord) if not reply.has_error() else None
+        if out is not None and msg.metadata.message_type == MessageType.TRAIN:
+            save_local(context.state, {n: out[1][n].numpy() for n in names if n in out[1]}, names)
+        return reply
+
+    return fedbn_mod
+
+
+fedbn_mod = make_fedbn_mod()
+fedbn_mod.__doc__ = """FedBN: batch-norm tensors stay local to each client (``make_fedbn_mod()``)."""

@@ -1,0 +1,83 @@
+"""What a client keeps between rounds, in ``context.state``.
+
+Simulated Flower clients are rebuilt every round; ``context.state`` (a
+RecordDict) is what the SuperNode keeps for each of them. Both the Message API
+mods and :class:`~lips_flwr.clients.LIPSNumPyClient` use these functions, so a
+client's state means the same thing under both APIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+
+from ..inertia import update_norms
+from ..local import ClientRoundConfig, client_mask, local_update, parse_round_config
+from ..records import numpy_to_record, record_to_numpy
+
+SIGNAL_KEY = "lips-signal"        # ArrayRecord: last local update (candidate layers)
+SIGNAL_ROUND_KEY = "lips-signal-round"  # ConfigRecord: {"round": server round of that update}
+LOCAL_KEY = "lips-local"          # ArrayRecord: tensors kept local (FedBN)
+
+
+def restore_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> dict:
+    """Replace the ``names`` tensors of the received model by this client's own (FedBN)."""
+    out = dict(arrays)
+    if LOCAL_KEY in state and names:
+        for name, array in state[LOCAL_KEY].items():
+            if name in out and tuple(array.shape) == np.shape(out[name]):
+                out[name] = array.numpy()
+    return out
+
+
+def save_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Sequence[str]) -> None:
+    """Keep the ``names`` tensors of the trained model for the next round (FedBN)."""
+    if names:
+        state[LOCAL_KEY] = numpy_to_record({n: arrays[n] for n in names if n in arrays})
+
+
+def before_training(
+    state: RecordDict, arrays: Mapping[str, np.ndarray], config: Mapping, salt: tuple[int, ...]
+) -> tuple[dict[str, np.ndarray], dict[str, float], ClientRoundConfig | None]:
+    """Apply the client-mode mask if this is a mask round.
+
+    Returns the model to train from, metrics about the mask and the parsed
+    ``lips-*`` config (``None`` when the server is not a LIPS strategy).
+    Raises ``ValueError`` for malformed ``lips-*`` keys.
+    """
+    round_config = parse_round_config(config)
+    if round_config is None or not round_config.masks:
+        return dict(arrays), {}, round_config
+    signal, signal_round = None, None
+    if SIGNAL_KEY in state:
+        signal = record_to_numpy(state[SIGNAL_KEY])
+        signal_round = int(state[SIGNAL_ROUND_KEY]["round"])
+    masked, zeros, used = client_mask(arrays, round_config, signal, signal_round, salt)
+    metrics = {
+        "lips-client-zeros": float(sum(zeros.values())),
+        "lips-client-fallback": float(used != round_config.score),
+    }
+    return masked, metrics, round_config
+
+
+def after_training(
+    state: RecordDict,
+    start: Mapping[str, np.ndarray],
+    trained: Mapping[str, np.ndarray],
+    round_config: ClientRoundConfig | None,
+) -> dict[str, float]:
+    """Track the local update; store it as next round's signal in client mode.
+
+    Returns the update norms as metrics: ``lips-update-norm`` (all candidate
+    layers) and ``lips-update-norm/<name>`` per layer.
+    """
+    delta = local_update(start, trained)
+    norms = update_norms(delta)
+    metrics = {"lips-update-norm": float(np.sqrt(sum(v * v for v in norms.values())))}
+    metrics.update({f"lips-update-norm/{name}": value for name, value in norms.items()})
+    if round_config is not None and round_config.mode == "client":
+        state[SIGNAL_KEY] = numpy_to_record(delta)
+        state[SIGNAL_ROUND_KEY] = ConfigRecord({"round": round_config.server_round})
+    return metrics

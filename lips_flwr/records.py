@@ -1,0 +1,35 @@
+"""Conversions between Flower records and ``name -> ndarray`` dicts (adapters only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+
+def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``name -> ndarray`` copy of an ArrayRecord, in its order."""
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def numpy_to_record(
+    arrays: Mapping[str, np.ndarray],
+    template: ArrayRecord | None = None,
+    changed: Iterable[str] | None = None,
+) -> ArrayRecord:
+    """An ArrayRecord of ``arrays``.
+
+    With a ``template``, the record has the template's names and order and
+    reuses its Arrays except for the names in ``changed`` (saves re-serializing
+    tensors that did not change).
+    """
+    if template is None:
+        return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
+    changed = set(arrays if changed is None else changed)
+    return ArrayRecord(
+        {
+            name: Array(np.ascontiguousarray(arrays[name])) if name in changed else template[name]
+            for name in template
+        }
+    )

@@ -1,0 +1,221 @@
+"""The LIPS server-side logic shared by both Flower strategy adapters.
+
+:class:`TransientSparsifier` holds the validated hyperparameters and decides,
+per round, what the adapters do: which config keys to send to clients and, in
+server mode, how to sparsify the aggregate. It knows nothing of Flower: the
+adapters convert records to ``name -> ndarray`` dicts and back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .layers import LayerSpec, select_layers, validate_layers
+from .masking import model_update, sparsify
+from .schedule import DECAYS, MaskSchedule, validate_tau0
+from .scores import validate_score
+
+MODES = ("server", "client")
+LIPS_OPTIONS = (
+    "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
+)
+
+# Keys of the per-round train config sent to clients (all start with "lips-").
+KEY_ROUND = "lips-round"
+KEY_MODE = "lips-mode"
+KEY_TAU = "lips-tau"
+KEY_SCORE = "lips-score"
+KEY_SEED = "lips-seed"
+KEY_LAYERS = "lips-layers"  # JSON list of positions in the model's order
+
+
+class TransientSparsifier:
+    """Validated LIPS hyperparameters and the per-round decisions.
+
+    Parameters
+    ----------
+    num_rounds : int, optional
+        ``T`` of the schedule. May be given later with :meth:`set_num_rounds`
+        (the Message API adapter takes it from ``start(num_rounds=...)``).
+    tau0 : float (default: 0.5)
+        Initial sparsity in [0, 1); ``0`` disables masking (the base strategy).
+    every : int (default: 5)
+        ``k``: mask every ``every`` rounds, >= 1.
+    start_round : int (default: 1)
+        First mask round, >= 1.
+    decay : str (default: "linear")
+        One of ``"linear"`` (paper), ``"cosine"``, ``"constant"``.
+    score : str (default: "sensitivity")
+        One of ``"sensitivity"`` (``|dw * w|``, paper), ``"magnitude"``, ``"random"``.
+    layers : str, sequence of str or callable (default: "middle")
+        See :func:`lips_flwr.layers.select_layers`.
+    mode : str (default: "server")
+        ``"server"``: sparsify the aggregate (paper). ``"client"``: send ``tau``
+        to clients, which mask their own copy (the authors' code).
+    seed : int (default: 0)
+        Seed of the random score.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_rounds: int | None = None,
+        tau0: float = 0.5,
+        every: int = 5,
+        start_round: int = 1,
+        decay: str = "linear",
+        score: str = "sensitivity",
+        layers: LayerSpec = "middle",
+        mode: str = "server",
+        seed: int = 0,
+    ) -> None:
+        # Validate everything up front, even when num_rounds comes later.
+        MaskSchedule(1 if num_rounds is None else num_rounds, tau0, every, start_round, decay)
+        self.tau0 = validate_tau0(tau0)
+        self.every = every
+        self.start_round = start_round
+        self.decay = decay
+        self.score = validate_score(score)
+        self.layers = validate_layers(layers)
+        if mode not in MODES:
+            raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}")
+        self.seed = seed
+        self._schedule: MaskSchedule | None = None
+        if num_rounds is not None:
+            self.set_num_rounds(num_rounds)
+        self._layer_cache: tuple[tuple, list[str]] | None = None
+
+    def set_num_rounds(self, num_rounds: int) -> None:
+        """Fix ``T``, the schedule's horizon."""
+        self._schedule = MaskSchedule(num_rounds, self.tau0, self.every, self.start_round, self.decay)
+
+    @property
+    def num_rounds(self) -> int | None:
+        return None if self._schedule is None else self._schedule.num_rounds
+
+    @property
+    def schedule(self) -> MaskSchedule:
+        if self._schedule is None:
+            raise ValueError(
+                "LIPS does not know `num_rounds`: pass num_rounds=... to the LIPS "
+                "strategy, or run it through strategy.start(num_rounds=...)"
+            )
+        return self._schedule
+
+    def layer_names(self, arrays: Mapping[str, np.ndarray]) -> list[str]:
+        """The tensors to sparsify in this model (cached per model signature)."""
+        signature = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        if self._layer_cache is None or self._layer_cache[0] != signature:
+            self._layer_cache = (signature, select_layers(arrays, self.layers))
+        return self._layer_cache[1]
+
+    def client_config(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> dict:
+        """The ``lips-*`` keys of this round's train config."""
+        config: dict = {KEY_ROUND: server_round, KEY_MODE: self.mode}
+        if self.mode == "client":
+            tau = self.schedule.tau(server_round)
+            config[KEY_TAU] = tau
+            if tau > 0.0:
+                position = {name: i for i, name in enumerate(arrays)}
+                config[KEY_SCORE] = self.score
+                config[KEY_SEED] = self.seed
+                config[KEY_LAYERS] = json.dumps([position[n] for n in self.layer_names(arrays)])
+        return config
+
+    def masks_aggregate(self, server_round: int) -> bool:
+        """Whether the aggregate of ``server_round`` is sparsified on the server."""
+        return self.mode == "server" and self.schedule.tau(server_round) > 0.0
+
+    def after_aggregation(
+        self,
+        server_round: int,
+        aggregate: Mapping[str, np.ndarray],
+        previous: Mapping[str, np.ndarray] | None,
+    ) -> tuple[dict[str, np.ndarray] | None, dict[str, int | float]]:
+        """Sparsify the aggregate of a mask round (server mode).
+
+        Returns the sparsified model, or ``None`` when nothing changes (client
+        mode, rounds that are not mask rounds, ``tau == 0``), and the round's
+        ``lips-*`` metrics.
+        """
+        start = time.perf_counter()
+        tau = self.schedule.tau(server_round)
+        metrics: dict[str, int | float] = {
+            "lips-mask-round": int(self.schedule.is_mask_round(server_round)),
+            "lips-tau": tau,
+        }
+        masked, zeros = None, {}
+        if self.masks_aggregate(server_round):
+            layers = self.layer_names(aggregate)
+            updates = None
+            if self.score == "sensitivity":
+                if previous is None:
+                    raise RuntimeError(
+                        "LIPS needs the previous global model to compute the update "
+                        "dw; configure_train was not called before aggregate_train"
+                    )
+                updates = model_update(aggregate, previous, layers)
+            masked, zeros = sparsify(
+                aggregate,
+                layers,
+                tau,
+                score=self.score,
+                updates=updates,
+                seed=self.seed,
+                salt=(server_round,),
+            )
+        metrics["lips-zeros"] = int(sum(zeros.values()))
+        metrics["lips-layers-masked"] = len(zeros)
+        metrics.update({f"lips-zeros/{name}": int(z) for name, z in zeros.items()})
+        metrics["lips-seconds"] = time.perf_counter() - start
+        return masked, metrics
+
+    def describe(self) -> list[tuple[str, object]]:
+        """(label, value) pairs for the adapters' ``summary()`` log tree."""
+        rounds = self._schedule.mask_rounds() if self._schedule else "after start()"
+        if isinstance(rounds, list) and len(rounds) > 8:
+            rounds = f"{rounds[:4]} ... {rounds[-1]} ({len(rounds)} rounds)"
+        layers = self.layers if isinstance(self.layers, (str, tuple)) else "custom predicate"
+        return [
+            ("Mode", self.mode),
+            ("Schedule", f"tau0={self.tau0}, every={self.every}, decay={self.decay}, "
+                         f"start_round={self.start_round}, num_rounds={self.num_rounds}"),
+            ("Mask rounds", rounds),
+            ("Score", self.score),
+            ("Layers", layers),
+            ("Seed", self.seed),
+        ]
+
+
+def arrays_mismatch(expected: Mapping[str, tuple], received: Mapping[str, tuple]) -> str | None:
+    """Why a reply's arrays do not fit the global model, or ``None`` if they do.
+
+    Both arguments map names to shapes. Names and shapes must match; order is
+    not checked (Flower's aggregation matches by name).
+    """
+    missing = [n for n in expected if n not in received]
+    extra = [n for n in received if n not in expected]
+    if missing or extra:
+        parts = [f"missing arrays {missing[:5]}"] if missing else []
+        parts += [f"unexpected arrays {extra[:5]}"] if extra else []
+        return "; ".join(parts)
+    for name, shape in expected.items():
+        if tuple(received[name]) != tuple(shape):
+            return f"array {name!r} has shape {tuple(received[name])}, expected {tuple(shape)}"
+    return None
+
+
+__all__: Sequence[str] = (
+    "TransientSparsifier",
+    "LIPS_OPTIONS",
+    "arrays_mismatch",
+    "MODES",
+    "DECAYS",
+)

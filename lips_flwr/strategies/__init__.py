@@ -1,0 +1,6 @@
+"""Flower server side: LIPS strategies for the Message API and the legacy API."""
+
+from .legacy import LegacyLIPS, LegacyLIPSFedAvg
+from .message import LIPS, LIPSFedAvg
+
+__all__ = ["LIPS", "LIPSFedAvg", "LegacyLIPS", "LegacyLIPSFedAvg"]

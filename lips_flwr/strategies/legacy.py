@@ -1,0 +1,259 @@
+"""LIPS for Flower's legacy API (``aggregate_fit``): a wrapper and a FedAvg subclass.
+
+Legacy ``Parameters`` are an unnamed list of serialized arrays, so the
+strategy is given the names in the order clients send them
+(``list(net.state_dict().keys())``); without names it uses positions and the
+default rank-based layer rule, which needs no names.
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg, Strategy
+from flwr.supercore import log
+
+from ..layers import LayerSpec
+from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
+from ._cache_sync import sync_cached_models
+from ._summary import log_round, log_settings
+
+FitResults = list[tuple[ClientProxy, FitRes]]
+FitFailures = list[tuple[ClientProxy, FitRes] | BaseException]
+
+
+def npy_shape(tensor: bytes) -> tuple[int, ...]:
+    """Shape of a serialized ``.npy`` array, read from its header only."""
+    stream = BytesIO(tensor)
+    version = np.lib.format.read_magic(stream)
+    shape, _, _ = np.lib.format._read_array_header(stream, version)  # pylint: disable=W0212
+    return tuple(shape)
+
+
+class _LegacyLIPSMixin:
+    """The LIPS hooks; ``super()`` is the strategy whose aggregate is sparsified."""
+
+    sparsifier: TransientSparsifier
+    param_names: list[str] | None
+    _lips_previous: Parameters | None = None
+    _lips_shapes: dict[str, tuple[int, ...]] | None = None
+
+    def _init_lips(self, param_names: list[str] | None, lips: dict[str, Any]) -> None:
+        if lips.get("num_rounds") is None:
+            raise ValueError(
+                "`num_rounds` is required by the legacy LIPS strategies: pass the "
+                "num_rounds of your ServerConfig (an integer >= 1)"
+            )
+        if param_names is not None:
+            param_names = list(param_names)
+            if not all(isinstance(n, str) for n in param_names) or len(set(param_names)) != len(param_names):
+                raise ValueError("`param_names` must be a list of distinct strings")
+        self.param_names = param_names
+        self.sparsifier = TransientSparsifier(**lips)
+
+    def _names(self, parameters: Parameters) -> list[str]:
+        count = len(parameters.tensors)
+        if self.param_names is None:
+            return [str(i) for i in range(count)]
+        if len(self.param_names) != count:
+            raise ValueError(
+                f"`param_names` has {len(self.param_names)} names but the model has "
+                f"{count} arrays; pass the names in the order the clients send them "
+                "(e.g. list(net.state_dict().keys()))"
+            )
+        return self.param_names
+
+    def _to_numpy(self, parameters: Parameters) -> dict[str, np.ndarray]:
+        return dict(zip(self._names(parameters), parameters_to_ndarrays(parameters)))
+
+    def summary(self) -> None:
+        """Log the LIPS settings in Flower's log-tree style."""
+        log_settings("LIPS", self.sparsifier.describe())
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        """Remember the global model and add the ``lips-*`` keys to each FitIns."""
+        names = self._names(parameters)
+        self._lips_previous = parameters
+        self._lips_shapes = {n: npy_shape(t) for n, t in zip(names, parameters.tensors)}
+        needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
+        model = self._to_numpy(parameters) if needs_model else {}
+        extra = self.sparsifier.client_config(server_round, model)
+        instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
+        return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
+
+    def _split_mismatched(self, results: FitResults, failures: FitFailures) -> FitResults:
+        """Move (and log) results whose arrays do not fit the global model to failures."""
+        if self._lips_shapes is None:
+            return results
+        names = list(self._lips_shapes)
+        kept = []
+        for proxy, res in results:
+            tensors = res.parameters.tensors
+            if len(tensors) != len(names):
+                reason = f"{len(tensors)} arrays, expected {len(names)}"
+            else:
+                try:
+                    reason = arrays_mismatch(self._lips_shapes, {n: npy_shape(t) for n, t in zip(names, tensors)})
+                except ValueError as err:
+                    reason = f"unreadable array ({err})"
+            if reason is None:
+                kept.append((proxy, res))
+            else:
+                log(WARNING, "LIPS: ignoring reply from client %s: %s", proxy.cid, reason)
+                failures.append((proxy, res))
+        return kept
+
+    def aggregate_fit(
+        self, server_round: int, results: FitResults, failures: FitFailures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """Aggregate with the wrapped strategy, then sparsify on mask rounds."""
+        failures = list(failures)
+        results = self._split_mismatched(list(results), failures)
+        parameters, metrics = super().aggregate_fit(server_round, results, failures)  # type: ignore[misc]
+        if parameters is None:
+            return parameters, metrics
+        masks = self.sparsifier.masks_aggregate(server_round)
+        aggregate = self._to_numpy(parameters) if masks else {}
+        previous = None
+        if masks and self._lips_previous is not None:
+            previous = self._to_numpy(self._lips_previous)
+        masked, lips_metrics = self.sparsifier.after_aggregation(server_round, aggregate, previous)
+        if masked is not None:
+            sync_cached_models(self, parameters, aggregate, masked, self._cached_to_numpy,
+                               self._numpy_to_cached)
+            parameters = ndarrays_to_parameters(list(masked.values()))
+        log_round(server_round, lips_metrics, self.sparsifier.mode)
+        return parameters, {**(metrics or {}), **lips_metrics}
+
+    def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
+        if isinstance(value, Parameters):
+            return self._to_numpy(value) if value.tensors else None
+        if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+            names = self.param_names
+            if names is None or len(names) != len(value):
+                names = [str(i) for i in range(len(value))]
+            return dict(zip(names, value))
+        return None
+
+    def _numpy_to_cached(self, value: Any, arrays: dict[str, np.ndarray]) -> Any:
+        if isinstance(value, Parameters):
+            return ndarrays_to_parameters(list(arrays.values()))
+        return list(arrays.values())
+
+
+class _LegacyWrapper(Strategy):
+    """A legacy Strategy that delegates everything to ``self.strategy``."""
+
+    strategy: Strategy
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self.strategy.initialize_parameters(client_manager)
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.strategy.configure_fit(server_round, parameters, client_manager)
+
+    def aggregate_fit(
+        self, server_round: int, results: FitResults, failures: FitFailures
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        return self.strategy.aggregate_fit(server_round, results, failures)
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        return self.strategy.aggregate_evaluate(server_round, results, failures)
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        return self.strategy.evaluate(server_round, parameters)
+
+
+class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
+    """LIPS around any legacy strategy: masks the aggregate after ``aggregate_fit``.
+
+    Parameters
+    ----------
+    strategy : flwr.server.strategy.Strategy
+        The legacy strategy whose aggregate is sparsified (FedAvg, FedProx,
+        FedAdam, FedAvgM, the DP wrappers, ...).
+    param_names : list[str], optional
+        Names of the arrays in the order clients send them, e.g.
+        ``list(net.state_dict().keys())``. Checked against the model's array
+        count. Needed for name-based ``layers``; the default rule uses shapes.
+    num_rounds : int
+        ``T`` of the schedule: the ``num_rounds`` of the ``ServerConfig``.
+    tau0, every, start_round, decay, score, layers, mode, seed
+        As in :class:`lips_flwr.strategies.LIPS`.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        param_names: list[str] | None = None,
+        num_rounds: int | None = None,
+        tau0: float = 0.5,
+        every: int = 5,
+        start_round: int = 1,
+        decay: str = "linear",
+        score: str = "sensitivity",
+        layers: LayerSpec = "middle",
+        mode: str = "server",
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise ValueError(
+                "`strategy` must be a legacy flwr.server.strategy.Strategy; got "
+                f"{type(strategy).__name__}. For Message API strategies use LIPS."
+            )
+        self.strategy = strategy
+        self._init_lips(param_names, dict(
+            num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
+            decay=decay, score=score, layers=layers, mode=mode, seed=seed,
+        ))
+
+    def __repr__(self) -> str:
+        return f"LegacyLIPS({self.strategy!r})"
+
+
+class LegacyLIPSFedAvg(_LegacyLIPSMixin, FedAvg):
+    """Legacy FedAvg that applies the decaying sensitivity mask after ``aggregate_fit``.
+
+    Takes ``param_names`` and the LIPS keyword arguments of :class:`LegacyLIPS`;
+    all other keyword arguments go to Flower's legacy ``FedAvg``.
+    """
+
+    def __init__(self, *, param_names: list[str] | None = None, **kwargs: Any) -> None:
+        lips = {k: kwargs.pop(k) for k in LIPS_OPTIONS if k in kwargs}
+        super().__init__(**kwargs)
+        self._init_lips(param_names, lips)
+
+    def __repr__(self) -> str:
+        return f"LegacyLIPSFedAvg(accept_failures={self.accept_failures})"

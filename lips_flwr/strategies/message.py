@@ -1,0 +1,232 @@
+"""LIPS for Flower's Message API (``aggregate_train``): a wrapper around any Strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from flwr.supercore import log
+
+from ..layers import LayerSpec
+from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
+from ..records import numpy_to_record, record_to_numpy
+from ._cache_sync import sync_cached_models
+from ._summary import log_round, log_settings
+
+
+def _cached_to_numpy(value: Any) -> dict[str, np.ndarray] | None:
+    if isinstance(value, ArrayRecord):
+        return record_to_numpy(value)
+    if isinstance(value, dict) and all(isinstance(v, np.ndarray) for v in value.values()):
+        return value
+    return None
+
+
+def _numpy_to_cached(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(value, ArrayRecord):
+        return numpy_to_record(arrays, value, arrays)
+    return {name: arrays[name] for name in value}
+
+
+class _LIPSMixin:
+    """The LIPS hooks; ``super()`` is the strategy whose aggregate is sparsified."""
+
+    sparsifier: TransientSparsifier
+    _lips_previous: ArrayRecord | None = None
+
+    def summary(self) -> None:
+        """Log the LIPS settings, then the wrapped strategy's."""
+        log_settings("LIPS", self.sparsifier.describe())
+        super().summary()  # type: ignore[misc]
+
+    def start(  # pylint: disable=too-many-arguments
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run ``num_rounds`` rounds; also the schedule's ``T`` unless set at construction."""
+        if self.sparsifier.num_rounds is None:
+            self.sparsifier.set_num_rounds(num_rounds)
+        elif self.sparsifier.num_rounds != num_rounds:
+            log(WARNING, "LIPS: schedule uses num_rounds=%d but start() runs %d rounds",
+                self.sparsifier.num_rounds, num_rounds)
+        return super().start(  # type: ignore[misc]
+            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
+        )
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Remember the global model (for ``dw``) and add the ``lips-*`` config keys."""
+        self._lips_previous = arrays
+        config = ConfigRecord(dict(config))  # start() passes the same record every round
+        needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
+        model = record_to_numpy(arrays) if needs_model else {}
+        config.update(self.sparsifier.client_config(server_round, model))
+        return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
+
+    def _drop_mismatched(self, replies: list[Message]) -> list[Message]:
+        """Drop (and log) replies whose arrays do not fit the global model."""
+        if self._lips_previous is None:
+            return replies
+        expected = {name: tuple(a.shape) for name, a in self._lips_previous.items()}
+        kept = []
+        for msg in replies:
+            if not msg.has_error():
+                records = list(msg.content.array_records.values())
+                reason = (
+                    f"expected one ArrayRecord, got {len(records)}" if len(records) != 1
+                    else arrays_mismatch(expected, {n: tuple(a.shape) for n, a in records[0].items()})
+                )
+                if reason is not None:
+                    log(WARNING, "LIPS: ignoring reply from node %s: %s",
+                        msg.metadata.src_node_id, reason)
+                    continue
+            kept.append(msg)
+        return kept
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate with the wrapped strategy, then sparsify on mask rounds."""
+        replies = self._drop_mismatched(list(replies))
+        arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        if arrays is None:
+            return arrays, metrics
+        masks = self.sparsifier.masks_aggregate(server_round)
+        aggregate = record_to_numpy(arrays) if masks else {}
+        previous = None
+        if masks and self._lips_previous is not None:
+            previous = record_to_numpy(self._lips_previous)
+        masked, lips_metrics = self.sparsifier.after_aggregation(server_round, aggregate, previous)
+        if masked is not None:
+            changed = [n for n in masked if masked[n] is not aggregate[n]]
+            new_arrays = numpy_to_record(masked, arrays, changed)
+            sync_cached_models(self, arrays, aggregate, masked, _cached_to_numpy, _numpy_to_cached)
+            arrays = new_arrays
+        log_round(server_round, lips_metrics, self.sparsifier.mode)
+        metrics = MetricRecord() if metrics is None else metrics
+        for key, value in lips_metrics.items():
+            metrics[key] = value
+        return arrays, metrics
+
+
+class _Wrapper(Strategy):
+    """A Strategy that delegates everything to ``self.strategy``."""
+
+    strategy: Strategy
+
+    def summary(self) -> None:
+        self.strategy.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+class LIPS(_LIPSMixin, _Wrapper):
+    """LIPS transient sparsity around any Message API strategy.
+
+    In server mode (the paper), on mask rounds the aggregate of the wrapped
+    strategy is sparsified: in each eligible layer the fraction ``tau(t)`` of
+    weights with the lowest score (``|dw * w|``, ``dw`` = aggregate minus the
+    previous global model) is zeroed before the model is broadcast. In client
+    mode the model stays dense and clients mask their own copy (use
+    :func:`lips_flwr.clients.lips_mod`). Each round's ``lips-*`` metrics are
+    merged into the aggregated train MetricRecord.
+
+    Wrap the outermost layer: ``LIPS(DifferentialPrivacy...(FedAvg(...)))``.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The strategy whose aggregate is sparsified (FedAvg, FedProx, FedAdam,
+        FedAvgM, the DP wrappers, ...).
+    num_rounds : int, optional
+        ``T`` of the schedule; by default the ``num_rounds`` given to ``start()``.
+    tau0 : float (default: 0.5)
+        Sparsity of the first mask round, in [0, 1). ``0`` reproduces ``strategy``.
+    every : int (default: 5)
+        Mask every ``every`` rounds (``k``), starting at ``start_round``.
+    start_round : int (default: 1)
+        First mask round.
+    decay : str (default: "linear")
+        ``tau(t) = tau0 * (1 - t/T)``; or ``"cosine"``, ``"constant"``.
+    score : str (default: "sensitivity")
+        ``"sensitivity"``, ``"magnitude"`` or ``"random"``.
+    layers : str, list of str or callable (default: "middle")
+        ``"middle"``, ``"all"``, ``"reference"``, names/glob patterns, or a
+        predicate ``(name, array) -> bool``.
+    mode : str (default: "server")
+        ``"server"`` or ``"client"``.
+    seed : int (default: 0)
+        Seed of the random score.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        num_rounds: int | None = None,
+        tau0: float = 0.5,
+        every: int = 5,
+        start_round: int = 1,
+        decay: str = "linear",
+        score: str = "sensitivity",
+        layers: LayerSpec = "middle",
+        mode: str = "server",
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise ValueError(
+                "`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
+                f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS."
+            )
+        self.strategy = strategy
+        self.sparsifier = TransientSparsifier(
+            num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
+            decay=decay, score=score, layers=layers, mode=mode, seed=seed,
+        )
+
+    def __repr__(self) -> str:
+        return f"LIPS({self.strategy!r})"
+
+
+class LIPSFedAvg(_LIPSMixin, FedAvg):
+    """FedAvg with LIPS built in: ``LIPSFedAvg(tau0=0.5, every=5, min_train_nodes=10)``.
+
+    Takes the keyword arguments of :class:`LIPS` (``num_rounds``, ``tau0``,
+    ``every``, ``start_round``, ``decay``, ``score``, ``layers``, ``mode``,
+    ``seed``) and passes all others to Flower's ``FedAvg``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        lips = {k: kwargs.pop(k) for k in LIPS_OPTIONS if k in kwargs}
+        self.sparsifier = TransientSparsifier(**lips)
+        super().__init__(**kwargs)
