@@ -20,12 +20,18 @@ from .scores import compute_score
 def num_zeros(size: int, tau: float) -> int:
     """``ceil(size * tau)``, clamped to ``[0, size]``.
 
-    The product is rounded to 9 decimals first so that float noise such as
-    ``100 * 0.07 = 7.000000000000001`` does not add a zero.
+    A product within float noise (relative 1e-12) of a positive integer counts
+    as that integer, so ``100 * 0.07 = 7.000000000000001`` (or
+    ``1e8 * 0.07 = 7000000.000000001``) does not add a zero; any ``tau > 0``
+    zeroes at least one entry.
     """
     if tau <= 0.0 or size == 0:
         return 0
-    return min(size, math.ceil(round(size * tau, 9)))
+    product = size * tau
+    nearest = round(product)
+    if nearest < 1 or abs(product - nearest) > 1e-12 * product:
+        nearest = math.ceil(product)
+    return min(size, nearest)
 
 
 def lowest_indices(scores: np.ndarray, k: int) -> np.ndarray:

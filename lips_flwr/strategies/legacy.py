@@ -41,8 +41,11 @@ def npy_shape(tensor: bytes) -> tuple[int, ...]:
     """Shape of a serialized ``.npy`` array, read from its header only."""
     stream = BytesIO(tensor)
     version = np.lib.format.read_magic(stream)
-    shape, _, _ = np.lib.format._read_array_header(stream, version)  # pylint: disable=W0212
-    return tuple(shape)
+    if version == (1, 0):
+        return tuple(np.lib.format.read_array_header_1_0(stream)[0])
+    if version == (2, 0):
+        return tuple(np.lib.format.read_array_header_2_0(stream)[0])
+    return tuple(np.load(BytesIO(tensor), allow_pickle=False).shape)  # rare: read it all
 
 
 class _LegacyLIPSMixin:
@@ -145,11 +148,12 @@ class _LegacyLIPSMixin:
     def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
         if isinstance(value, Parameters):
             return self._to_numpy(value) if value.tensors else None
-        if isinstance(value, list) and value and all(isinstance(v, np.ndarray) for v in value):
+        # FedOpt's 0-d entries (num_batches_tracked) come out as numpy scalars.
+        if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
             names = self.param_names
             if names is None or len(names) != len(value):
                 names = [str(i) for i in range(len(value))]
-            return dict(zip(names, value))
+            return {n: np.asarray(v) for n, v in zip(names, value)}
         return None
 
     def _numpy_to_cached(self, value: Any, arrays: dict[str, np.ndarray]) -> Any:

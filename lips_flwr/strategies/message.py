@@ -22,8 +22,8 @@ from ._summary import log_round, log_settings
 def _cached_to_numpy(value: Any) -> dict[str, np.ndarray] | None:
     if isinstance(value, ArrayRecord):
         return record_to_numpy(value)
-    if isinstance(value, dict) and all(isinstance(v, np.ndarray) for v in value.values()):
-        return value
+    if isinstance(value, dict) and all(isinstance(v, (np.ndarray, np.generic)) for v in value.values()):
+        return {name: np.asarray(v) for name, v in value.items()}
     return None
 
 

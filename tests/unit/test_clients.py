@@ -1,0 +1,216 @@
+"""Client side: Message API mods and the legacy NumPyClient wrapper, on real records."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.client import NumPyClient
+
+from flower_fakes import MIDDLE, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
+from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, make_fedbn_mod
+from lips_flwr.layers import batch_norm_names
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+NAMES = list(tiny_model())
+LAYERS = json.dumps([NAMES.index(n) for n in MIDDLE])
+
+
+def context() -> Context:
+    return Context(run_id=1, node_id=42, node_config={}, state=RecordDict(), run_config={})
+
+
+def lips_config(rnd: int, tau: float = 0.0, mode: str = "client") -> dict:
+    config = {"lips-round": rnd, "lips-mode": mode, "lips-tau": tau}
+    if tau > 0:
+        config.update({"lips-score": "sensitivity", "lips-seed": 0, "lips-layers": LAYERS})
+    return config
+
+
+def message(model: dict, config: dict, kind: str = MessageType.TRAIN) -> Message:
+    content = RecordDict({"arrays": to_record(model), "config": ConfigRecord(config)})
+    return Message(content=content, dst_node_id=42, message_type=kind)
+
+
+class FakeApp:
+    """A ClientApp train function: adds a fixed update to every float tensor."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.received: list[dict] = []
+
+    def update_for(self, model):
+        return {k: self.rng.normal(scale=0.1, size=v.shape).astype(v.dtype)
+                for k, v in model.items() if np.issubdtype(v.dtype, np.floating)}
+
+    def __call__(self, msg: Message, ctx: Context) -> Message:
+        received = to_numpy(msg.content["arrays"])
+        self.received.append(received)
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return Message(RecordDict({"metrics": MetricRecord({"acc": 1.0})}), reply_to=msg)
+        self.last_update = self.update_for(received)
+        trained = {k: v + self.last_update.get(k, 0) for k, v in received.items()}
+        content = RecordDict({"arrays": to_record(trained),
+                              "metrics": MetricRecord({"num-examples": 10})})
+        return Message(content, reply_to=msg)
+
+
+def test_lips_mod_reports_update_norms_and_keeps_server_mode_models_intact():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    reply = lips_mod(message(model, lips_config(1, mode="server")), ctx, app)
+    for name in NAMES:
+        np.testing.assert_array_equal(app.received[0][name], model[name])
+    metrics = reply.content["metrics"]
+    expected = np.linalg.norm(app.last_update["conv2.weight"].astype(np.float64))
+    assert metrics["lips-update-norm/conv2.weight"] == pytest.approx(expected, rel=1e-5)
+    assert "lips-update-norm/bn1.weight" not in metrics  # candidates only
+    assert metrics["num-examples"] == 10
+    assert "lips-signal" not in ctx.state  # only client mode needs the signal
+
+
+def test_client_mode_first_round_falls_back_to_magnitude():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    reply = lips_mod(message(model, lips_config(1, tau=0.5)), ctx, app)
+    got = app.received[0]
+    for name in NAMES:
+        if name in MIDDLE:
+            k = math.ceil(model[name].size * 0.5)
+            zeroed = got[name] == 0
+            assert zeroed.sum() == k
+            assert np.abs(model[name][zeroed]).max() <= np.abs(model[name][~zeroed]).min()
+        else:
+            np.testing.assert_array_equal(got[name], model[name])
+    assert reply.content["metrics"]["lips-client-fallback"] == 1.0
+    assert reply.content["metrics"]["lips-client-zeros"] == sum(
+        math.ceil(model[n].size * 0.5) for n in MIDDLE)
+    assert "lips-signal" in ctx.state
+
+
+def test_client_mode_uses_last_rounds_update_as_the_signal():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    lips_mod(message(model, lips_config(1)), ctx, app)  # not a mask round: stores the update
+    signal = app.last_update
+    reply = lips_mod(message(model, lips_config(2, tau=0.4)), ctx, app)
+    assert reply.content["metrics"]["lips-client-fallback"] == 0.0
+    for name in MIDDLE:
+        zeroed = app.received[1][name] == 0
+        assert zeroed.sum() == math.ceil(model[name].size * 0.4)
+        score = np.abs(signal[name] * model[name])
+        assert score[zeroed].max() <= score[~zeroed].min()
+
+
+def test_client_mode_stale_signal_falls_back():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    lips_mod(message(model, lips_config(1)), ctx, app)
+    reply = lips_mod(message(model, lips_config(3, tau=0.4)), ctx, app)  # skipped round 2
+    assert reply.content["metrics"]["lips-client-fallback"] == 1.0
+    assert all((app.received[1][n] == 0).sum() < app.received[1][n].size for n in MIDDLE)
+
+
+def test_lips_mod_ignores_other_messages_and_reports_bad_config():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    reply = lips_mod(message(model, lips_config(1, tau=0.5), MessageType.EVALUATE), ctx, app)
+    np.testing.assert_array_equal(app.received[0]["conv2.weight"], model["conv2.weight"])
+    assert reply.content["metrics"]["acc"] == 1.0
+    bad = lips_config(1, tau=0.5)
+    bad["lips-layers"] = json.dumps([999])
+    reply = lips_mod(message(model, bad), ctx, app)
+    assert reply.has_error() and "positions [999]" in reply.error.reason
+
+
+def test_fedbn_mod_keeps_batch_norm_local_for_train_and_evaluate():
+    app, ctx = FakeApp(), context()
+    first, second = tiny_model(0), tiny_model(1)
+    fedbn_mod(message(first, {}), ctx, app)
+    trained_bn = {n: app.received[0][n] + app.last_update.get(n, 0) for n in batch_norm_names(first)}
+    fedbn_mod(message(second, {}, MessageType.EVALUATE), ctx, app)
+    fedbn_mod(message(second, {}), ctx, app)
+    for got in app.received[1:]:
+        for name in NAMES:
+            expected = trained_bn[name] if name in trained_bn else second[name]
+            np.testing.assert_array_equal(got[name], expected)
+
+
+def test_custom_local_tensors():
+    app, ctx = FakeApp(), context()
+    mod = make_fedbn_mod(local=["fc.*"])
+    mod(message(tiny_model(0), {}), ctx, app)
+    mod(message(tiny_model(1), {}), ctx, app)
+    assert not np.array_equal(app.received[1]["fc.weight"], tiny_model(1)["fc.weight"])
+    np.testing.assert_array_equal(app.received[1]["bn1.weight"], tiny_model(1)["bn1.weight"])
+
+
+class UserClient(NumPyClient):
+    """Someone else's NumPyClient: trains by adding a fixed update."""
+
+    def __init__(self, app: FakeApp) -> None:
+        self.app = app
+
+    def fit(self, parameters, config):
+        received = dict(zip(NAMES, parameters))
+        self.app.received.append(received)
+        self.app.last_update = self.app.update_for(received)
+        return [v + self.app.last_update.get(k, 0) for k, v in received.items()], 10, {"loss": 0.1}
+
+    def evaluate(self, parameters, config):
+        self.app.received.append(dict(zip(NAMES, parameters)))
+        return 0.5, 10, {}
+
+
+def test_numpy_client_masks_like_the_mod():
+    """Same received model, same signal and config: identical masks in both APIs."""
+    model = tiny_model()
+    app_mod, ctx_mod = FakeApp(seed=3), context()
+    lips_mod(message(model, lips_config(1)), ctx_mod, app_mod)
+    lips_mod(message(model, lips_config(2, tau=0.3)), ctx_mod, app_mod)
+
+    app_np, ctx_np = FakeApp(seed=3), context()
+    for rnd, tau in ((1, 0.0), (2, 0.3)):
+        client = LIPSNumPyClient(UserClient(app_np), ctx_np, param_names=NAMES)  # ephemeral
+        _, _, metrics = client.fit(list(model.values()), lips_config(rnd, tau))
+    assert metrics["loss"] == 0.1 and metrics["lips-client-fallback"] == 0.0
+    for name in NAMES:
+        np.testing.assert_array_equal(app_np.received[1][name], app_mod.received[1][name])
+
+
+def test_numpy_client_without_names_uses_positions():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    client = LIPSNumPyClient(UserClient(app), ctx)
+    _, _, metrics = client.fit(list(model.values()), lips_config(1, tau=0.5))
+    assert metrics["lips-client-zeros"] > 0
+    assert f"lips-update-norm/{NAMES.index('conv2.weight')}" in metrics
+
+
+def test_numpy_client_fedbn():
+    app, ctx = FakeApp(), context()
+    LIPSNumPyClient(UserClient(app), ctx, param_names=NAMES, keep_local="batchnorm").fit(
+        list(tiny_model(0).values()), {})
+    trained_bn = {n: app.received[0][n] + app.last_update.get(n, 0)
+                  for n in batch_norm_names(tiny_model(0))}
+    LIPSNumPyClient(UserClient(app), ctx, param_names=NAMES, keep_local="batchnorm").evaluate(
+        list(tiny_model(1).values()), {})
+    for name in NAMES:
+        expected = trained_bn.get(name, tiny_model(1)[name])
+        np.testing.assert_array_equal(app.received[1][name], expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"keep_local": "batchnorm"}, "needs `param_names`"),
+        ({"keep_local": "batchnorm", "param_names": ["a.weight", "b.weight"]}, "found no batch norm"),
+        ({"keep_local": "everything", "param_names": NAMES}, "must be 'batchnorm' or a sequence"),
+    ],
+)
+def test_numpy_client_argument_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LIPSNumPyClient(UserClient(FakeApp()), context(), **kwargs)
+
+
+def test_numpy_client_reports_wrong_array_count():
+    client = LIPSNumPyClient(UserClient(FakeApp()), context(), param_names=NAMES)
+    with pytest.raises(ValueError, match="server sent 3 arrays"):
+        client.fit([np.zeros(1)] * 3, {})

@@ -1,0 +1,255 @@
+"""LIPS around Message API strategies, on mocked replies (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyServerSideFixedClipping,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedProx,
+)
+
+from flower_fakes import (
+    MIDDLE,
+    client_models,
+    grid,
+    reply,
+    task_identity,  # noqa: F401  (fixture)
+    tiny_model,
+    to_numpy,
+    to_record,
+    zeros_placed,
+)
+from lips_flwr.strategies import LIPS, LIPSFedAvg
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+NUM_ROUNDS = 7
+EXAMPLES = [10, 30, 60]
+
+
+def run_rounds(strategy, num_rounds=NUM_ROUNDS, seed=0):
+    """Drive configure/aggregate like ``Strategy.start``; return per-round (before, after, metrics)."""
+    model = tiny_model(seed)
+    arrays = to_record(model)
+    history = []
+    for rnd in range(1, num_rounds + 1):
+        list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid()))
+        current = to_numpy(arrays)
+        trained = client_models(current, len(EXAMPLES), seed=100 * seed + rnd)
+        replies = [reply(m, n, node_id=i + 1) for i, (m, n) in enumerate(zip(trained, EXAMPLES))]
+        new, metrics = strategy.aggregate_train(rnd, replies)
+        history.append((current, to_numpy(new), metrics))
+        arrays = new
+    return history
+
+
+def fedavg_of(models, weights):
+    total = sum(weights)
+    return {k: sum(m[k] * (w / total) for m, w in zip(models, weights)) for k in models[0]}
+
+
+def test_masks_exactly_on_schedule_and_only_middle_layers():
+    strategy = LIPS(FedAvg(), num_rounds=NUM_ROUNDS, tau0=0.5, every=5)
+    reference = FedAvg()
+    history = run_rounds(strategy)
+    ref_history = run_rounds(reference)
+    for rnd, ((before, after, metrics), (_, _, _)) in enumerate(zip(history, ref_history), start=1):
+        mask_round = rnd in (1, 6)
+        assert metrics["lips-mask-round"] == int(mask_round)
+        tau = 0.5 * (1 - (rnd - 1) / NUM_ROUNDS) if mask_round else 0.0
+        assert metrics["lips-tau"] == pytest.approx(tau)
+        # The unmasked aggregate: FedAvg of this round's client models.
+        trained = client_models(before, len(EXAMPLES), seed=rnd)
+        aggregate = fedavg_of(trained, EXAMPLES)
+        for name, value in after.items():
+            if name in MIDDLE and mask_round:
+                k = math.ceil(value.size * tau)
+                assert zeros_placed(aggregate[name], value) == k
+                assert metrics[f"lips-zeros/{name}"] == k
+                kept = value != 0
+                np.testing.assert_allclose(value[kept], aggregate[name][kept], rtol=1e-6)
+                score = np.abs((aggregate[name] - before[name]) * aggregate[name])
+                assert score[~kept].max() <= score[kept].min()
+            else:
+                np.testing.assert_allclose(value, aggregate[name], rtol=1e-6, atol=1e-7)
+        if not mask_round:
+            assert metrics["lips-zeros"] == 0
+    assert history[0][2]["lips-layers-masked"] == len(MIDDLE)
+
+
+def test_metrics_of_inner_strategy_are_kept():
+    strategy = LIPS(FedAvg(), num_rounds=3)
+    _, _, metrics = run_rounds(strategy, num_rounds=1)[0]
+    assert isinstance(metrics, MetricRecord)
+    assert metrics["train-loss"] == pytest.approx(0.5)
+    assert metrics["lips-seconds"] >= 0
+
+
+@pytest.mark.parametrize(
+    "make_inner",
+    [
+        FedAvg,
+        lambda: FedProx(proximal_mu=0.1),
+        lambda: FedAdam(),
+        lambda: FedAvgM(server_momentum=0.9),
+        lambda: DifferentialPrivacyServerSideFixedClipping(FedAvg(), 0.0, 10.0, 3),
+    ],
+    ids=["fedavg", "fedprox", "fedadam", "fedavgm", "dp-fixed-clipping"],
+)
+def test_tau0_zero_reproduces_inner_strategy_bit_for_bit(make_inner):
+    plain = run_rounds(make_inner())
+    wrapped = run_rounds(LIPS(make_inner(), num_rounds=NUM_ROUNDS, tau0=0.0))
+    for (_, a, _), (_, b, _) in zip(plain, wrapped):
+        assert list(a) == list(b)
+        for name in a:
+            assert a[name].dtype == b[name].dtype
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize(
+    ("make_inner", "server_lr"),
+    [
+        (FedAvg, 1.0),
+        (lambda: FedProx(proximal_mu=0.1), 1.0),
+        (lambda: FedAvgM(server_learning_rate=0.5), 0.5),
+        (lambda: DifferentialPrivacyServerSideFixedClipping(FedAvg(), 0.0, 100.0, 3), 1.0),
+    ],
+    ids=["fedavg", "fedprox", "fedavgm-server-lr", "dp-fixed-clipping"],
+)
+def test_next_round_builds_on_the_masked_model(make_inner, server_lr):
+    """Round 2 must start from the sparsified model, not from a cached dense copy."""
+    history = run_rounds(LIPS(make_inner(), num_rounds=NUM_ROUNDS), num_rounds=2)
+    masked, round2 = history[0][1], history[1][1]
+    assert any(np.count_nonzero(masked[n] == 0) for n in MIDDLE)
+    trained = client_models(masked, len(EXAMPLES), seed=2)
+    mean = fedavg_of(trained, EXAMPLES)
+    for name in round2:
+        expected = masked[name] + server_lr * (mean[name] - masked[name])
+        np.testing.assert_allclose(round2[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("make_inner", [lambda: FedAvgM(server_momentum=0.9), FedAdam],
+                         ids=["fedavgm", "fedadam"])
+def test_cached_model_of_inner_strategy_is_the_masked_one(make_inner):
+    inner = make_inner()
+    strategy = LIPS(inner, num_rounds=NUM_ROUNDS)
+    masked = run_rounds(strategy, num_rounds=1)[0][1]
+    list(strategy.configure_train(2, to_record(masked), ConfigRecord(), grid()))
+    cache = inner.current_arrays
+    cache = to_numpy(cache) if isinstance(cache, ArrayRecord) else cache
+    for name in masked:
+        np.testing.assert_array_equal(cache[name], masked[name])
+
+
+def test_fedavg_subclass_equals_wrapper():
+    a = run_rounds(LIPS(FedAvg(), num_rounds=NUM_ROUNDS, tau0=0.3, every=2))
+    b = run_rounds(LIPSFedAvg(num_rounds=NUM_ROUNDS, tau0=0.3, every=2))
+    for (_, x, mx), (_, y, my) in zip(a, b):
+        assert mx["lips-zeros"] == my["lips-zeros"]
+        for name in x:
+            np.testing.assert_array_equal(x[name], y[name])
+
+
+def test_client_mode_sends_config_and_leaves_aggregate_dense():
+    strategy = LIPS(FedAvg(), num_rounds=NUM_ROUNDS, mode="client", score="magnitude")
+    model = tiny_model()
+    messages = list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    config = messages[0].content["config"]
+    assert config["lips-mode"] == "client" and config["lips-round"] == 1
+    assert config["lips-tau"] == pytest.approx(0.5)
+    assert config["lips-score"] == "magnitude"
+    names = list(model)
+    assert [names[i] for i in json.loads(config["lips-layers"])] == MIDDLE
+    trained = client_models(model, 3, seed=1)
+    new, metrics = strategy.aggregate_train(1, [reply(m, n) for m, n in zip(trained, EXAMPLES)])
+    assert metrics["lips-mask-round"] == 1 and metrics["lips-zeros"] == 0
+    for name, value in to_numpy(new).items():
+        np.testing.assert_allclose(value, fedavg_of(trained, EXAMPLES)[name], rtol=1e-6, atol=1e-7)
+    messages = list(strategy.configure_train(2, new, ConfigRecord(), grid()))
+    assert messages[0].content["config"]["lips-tau"] == 0.0
+    assert "lips-layers" not in messages[0].content["config"]
+
+
+def test_mismatched_replies_are_dropped_with_a_reason(caplog):
+    strategy = LIPS(FedAvg(), num_rounds=3)
+    model = tiny_model()
+    list(strategy.configure_train(2, to_record(model), ConfigRecord(), grid()))
+    good = client_models(model, 2, seed=3)
+    missing = dict(good[0])
+    del missing["fc.weight"]
+    reshaped = dict(good[0])
+    reshaped["conv2.weight"] = reshaped["conv2.weight"].reshape(-1)
+    replies = [reply(good[0], 10), reply(good[1], 30), reply(missing, 10, node_id=7),
+               reply(reshaped, 10, node_id=8)]
+    with caplog.at_level(logging.WARNING):
+        new, metrics = strategy.aggregate_train(2, replies)
+    assert strategy.sparsifier.num_rounds == 3 and metrics["lips-mask-round"] == 0
+    assert "node 7" in caplog.text and "missing arrays ['fc.weight']" in caplog.text
+    assert "node 8" in caplog.text and "'conv2.weight' has shape" in caplog.text
+    np.testing.assert_allclose(to_numpy(new)["fc.weight"], fedavg_of(good, [10, 30])["fc.weight"],
+                               rtol=1e-6)
+
+
+def test_start_takes_num_rounds_and_runs_the_schedule(caplog):
+    """The whole ``Strategy.start`` loop with a fake grid that answers each message."""
+    strategy = LIPS(FedAvg(fraction_evaluate=0.0), tau0=0.4, every=3)
+    g = grid(2)
+
+    def answer(messages, timeout):
+        out = []
+        for i, msg in enumerate(messages):
+            current = to_numpy(msg.content["arrays"])
+            out.append(reply(client_models(current, 1, seed=i)[0], 20, node_id=i + 1))
+        return out
+
+    g.send_and_receive.side_effect = answer
+    with caplog.at_level(logging.INFO):
+        result = strategy.start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=5)
+    assert strategy.sparsifier.num_rounds == 5
+    masked = [r for r, m in result.train_metrics_clientapp.items() if m["lips-mask-round"]]
+    assert masked == [1, 4]
+    assert "LIPS settings" in caplog.text
+    assert "LIPS: round 4 masked" in caplog.text
+
+
+def test_missing_num_rounds_is_a_clear_error():
+    strategy = LIPS(FedAvg())
+    with pytest.raises(ValueError, match="num_rounds"):
+        run_rounds(strategy, num_rounds=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tau0": 1.0}, r"`tau0` must be in \[0, 1\)"),
+        ({"tau0": -0.1}, r"`tau0` must be in \[0, 1\)"),
+        ({"every": 0}, r"`every` must be an integer >= 1"),
+        ({"num_rounds": 0}, r"`num_rounds` must be an integer >= 1"),
+        ({"start_round": 0}, r"`start_round` must be an integer >= 1"),
+        ({"score": "taylor"}, r"`score` must be one of"),
+        ({"layers": "middles"}, r"`layers` must be one of"),
+        ({"mode": "both"}, r"`mode` must be one of"),
+        ({"decay": "step"}, r"`decay` must be one of"),
+        ({"seed": -1}, r"`seed` must be a non-negative integer"),
+    ],
+)
+def test_invalid_hyperparameters_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LIPS(FedAvg(), **kwargs)
+    with pytest.raises(ValueError, match=match):
+        LIPSFedAvg(**kwargs)
+
+
+def test_wrapping_a_legacy_strategy_is_refused():
+    from flwr.server.strategy import FedAvg as LegacyFedAvg
+
+    with pytest.raises(ValueError, match="LegacyLIPS"):
+        LIPS(LegacyFedAvg())
