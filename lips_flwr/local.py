@@ -18,7 +18,8 @@ import numpy as np
 
 from .layers import candidate_names
 from .masking import sparsify
-from .sparsifier import KEY_LAYERS, KEY_MODE, KEY_ROUND, KEY_SCORE, KEY_SEED, KEY_TAU
+from .scores import SCORES
+from .sparsifier import KEY_LAYERS, KEY_MODE, KEY_ROUND, KEY_SCORE, KEY_SEED, KEY_TAU, MODES
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def parse_round_config(config: Mapping) -> ClientRoundConfig | None:
     if KEY_ROUND not in config:
         return None
     try:
-        return ClientRoundConfig(
+        parsed = ClientRoundConfig(
             server_round=int(config[KEY_ROUND]),
             mode=str(config.get(KEY_MODE, "server")),
             tau=float(config.get(KEY_TAU, 0.0)),
@@ -52,6 +53,12 @@ def parse_round_config(config: Mapping) -> ClientRoundConfig | None:
         )
     except (TypeError, ValueError) as err:
         raise ValueError(f"malformed lips-* keys in the train config: {err}") from err
+    if parsed.mode not in MODES or parsed.score not in SCORES or not 0.0 <= parsed.tau <= 1.0:
+        raise ValueError(
+            f"malformed lips-* keys in the train config: mode={parsed.mode!r}, "
+            f"score={parsed.score!r}, tau={parsed.tau!r}"
+        )
+    return parsed
 
 
 def local_update(

@@ -66,7 +66,7 @@ def mask_lowest(weights: np.ndarray, scores: np.ndarray, tau: float) -> tuple[np
     k = num_zeros(weights.size, tau)
     if k == 0:
         return weights, 0
-    scores = np.where(weights == 0, -1.0, scores)
+    scores = np.where(weights == 0, -np.inf, scores)
     masked = np.array(weights, copy=True, order="C")
     masked.reshape(-1)[lowest_indices(scores, k)] = 0
     return masked, k

@@ -9,22 +9,23 @@ at ``num_rounds + 1``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 DECAYS = ("linear", "constant", "cosine")
 
 
 def _require_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
     if value < minimum:
         raise ValueError(f"`{name}` must be an integer >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def validate_tau0(tau0: object) -> float:
     """Return ``tau0`` as a float, or raise if it is not in [0, 1)."""
-    if isinstance(tau0, bool) or not isinstance(tau0, (int, float)):
+    if isinstance(tau0, bool) or not isinstance(tau0, numbers.Real):
         raise ValueError(f"`tau0` must be a number in [0, 1), got {tau0!r}")
     if not 0.0 <= float(tau0) < 1.0:  # also rejects NaN
         raise ValueError(f"`tau0` must be in [0, 1), got {tau0}")
@@ -57,10 +58,10 @@ class MaskSchedule:
     decay: str = "linear"
 
     def __post_init__(self) -> None:
-        _require_int("num_rounds", self.num_rounds, 1)
+        object.__setattr__(self, "num_rounds", _require_int("num_rounds", self.num_rounds, 1))
         object.__setattr__(self, "tau0", validate_tau0(self.tau0))
-        _require_int("every", self.every, 1)
-        _require_int("start_round", self.start_round, 1)
+        object.__setattr__(self, "every", _require_int("every", self.every, 1))
+        object.__setattr__(self, "start_round", _require_int("start_round", self.start_round, 1))
         if self.decay not in DECAYS:
             raise ValueError(f"`decay` must be one of {DECAYS}, got {self.decay!r}")
 

@@ -9,6 +9,7 @@ adapters convert records to ``name -> ndarray`` dicts and back.
 from __future__ import annotations
 
 import json
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from .layers import LayerSpec, select_layers, validate_layers
 from .masking import model_update, sparsify
-from .schedule import DECAYS, MaskSchedule, validate_tau0
+from .schedule import DECAYS, MaskSchedule
 from .scores import validate_score
 
 MODES = ("server", "client")
@@ -74,19 +75,19 @@ class TransientSparsifier:
         seed: int = 0,
     ) -> None:
         # Validate everything up front, even when num_rounds comes later.
-        MaskSchedule(1 if num_rounds is None else num_rounds, tau0, every, start_round, decay)
-        self.tau0 = validate_tau0(tau0)
-        self.every = every
-        self.start_round = start_round
+        check = MaskSchedule(1 if num_rounds is None else num_rounds, tau0, every, start_round, decay)
+        self.tau0 = check.tau0
+        self.every = check.every
+        self.start_round = check.start_round
         self.decay = decay
         self.score = validate_score(score)
         self.layers = validate_layers(layers)
         if mode not in MODES:
             raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
         self.mode = mode
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}")
-        self.seed = seed
+        self.seed = int(seed)
         self._schedule: MaskSchedule | None = None
         if num_rounds is not None:
             self.set_num_rounds(num_rounds)

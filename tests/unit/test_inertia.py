@@ -1,0 +1,73 @@
+"""Unit tests for lips_flwr.inertia (spec section 7)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lips_flwr.inertia import cosine_similarity, layer_similarities, update_norms
+
+
+def test_identical_is_one():
+    a = np.random.default_rng(0).normal(size=(4, 3, 3, 3)).astype(np.float32)
+    assert cosine_similarity(a, a) == pytest.approx(1.0, abs=1e-12)
+    assert cosine_similarity(a, a.copy()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_scale_invariant_and_antiparallel():
+    a = np.array([[1.0, 2.0], [3.0, -4.0]])
+    assert cosine_similarity(a, 7.5 * a) == pytest.approx(1.0)
+    assert cosine_similarity(a, -a) == pytest.approx(-1.0)
+
+
+def test_orthogonal_is_zero():
+    a = np.array([[1.0, 0.0], [0.0, 0.0]])
+    b = np.array([[0.0, 2.0], [0.0, 0.0]])
+    assert cosine_similarity(a, b) == 0.0
+    x = np.array([1.0, 1.0, 0.0])
+    y = np.array([1.0, -1.0, 5.0])
+    assert cosine_similarity(x, y) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_zero_vector_is_zero():
+    a = np.zeros((3, 3))
+    b = np.ones((3, 3))
+    assert cosine_similarity(a, b) == 0.0
+    assert cosine_similarity(b, a) == 0.0
+    assert cosine_similarity(a, a) == 0.0
+
+
+def test_known_value_and_return_type():
+    a = np.array([1.0, 0.0])
+    b = np.array([1.0, 1.0])
+    value = cosine_similarity(a, b)
+    assert isinstance(value, float)
+    assert value == pytest.approx(1 / math.sqrt(2))
+
+
+def test_float16_accumulated_in_float64():
+    # a float16 dot product / norm would overflow (sum of squares > 65504)
+    a = np.full((100, 100), 10.0, dtype=np.float16)
+    assert cosine_similarity(a, a) == pytest.approx(1.0)
+    assert update_norms({"a": a})["a"] == pytest.approx(1000.0)
+
+
+def test_layer_similarities():
+    rng = np.random.default_rng(1)
+    ref = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=(2, 2)), "c": np.ones(3)}
+    cur = {"a": ref["a"] * 2, "b": -ref["b"], "c": np.zeros(3)}
+    sims = layer_similarities(cur, ref, ["a", "b"])
+    assert list(sims) == ["a", "b"]
+    assert sims["a"] == pytest.approx(1.0)
+    assert sims["b"] == pytest.approx(-1.0)
+    assert layer_similarities(cur, ref, ["c"]) == {"c": 0.0}
+
+
+def test_update_norms():
+    norms = update_norms({"x": np.array([[3.0, 4.0]]), "z": np.zeros((2, 2), dtype=np.float32)})
+    assert norms == {"x": pytest.approx(5.0), "z": 0.0}
+    assert all(isinstance(v, float) for v in norms.values())
+    assert list(norms) == ["x", "z"]
+    assert update_norms({}) == {}
