@@ -1,0 +1,1 @@
+"""quickstart-legacy: LIPS on Flower's legacy API (Strategy + NumPyClient)."""

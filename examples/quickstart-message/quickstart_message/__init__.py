@@ -1,0 +1,1 @@
+"""quickstart-message: LIPS on Flower's Message API (ServerApp/ClientApp)."""

@@ -1,0 +1,80 @@
+"""ServerApp (Message API): FedAvg wrapped by LIPS."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from lips_flwr.strategies import LIPS
+from quickstart_message.task import Net
+
+app = ServerApp()
+
+
+def _plain(value):
+    """JSON fallback for numpy scalars."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write ``payload`` as JSON to ``path`` via a temp file + os.replace."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=True, default=_plain)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _per_round(metrics: dict) -> dict:
+    return {str(rnd): dict(record) for rnd, record in sorted(metrics.items())}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    num_rounds = int(cfg["num-server-rounds"])
+
+    net = Net()
+    fedavg = FedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=1.0,
+        min_train_nodes=2,
+        min_evaluate_nodes=2,
+        min_available_nodes=2,
+    )
+    # LIPS wraps any Message API strategy; num_rounds comes from start().
+    strategy = LIPS(
+        fedavg,
+        tau0=float(cfg["tau0"]),
+        every=int(cfg["every"]),
+        score=str(cfg["score"]),
+        mode=str(cfg["mode"]),
+        seed=int(cfg["seed"]),
+    )
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(net.state_dict()),
+        num_rounds=num_rounds,
+        train_config=ConfigRecord({"local-epochs": int(cfg["local-epochs"])}),
+    )
+
+    if cfg["results-path"]:
+        write_json_atomic(
+            str(cfg["results-path"]),
+            {
+                "run_config": dict(cfg),
+                "train_metrics": _per_round(result.train_metrics_clientapp),
+                "evaluate_metrics": _per_round(result.evaluate_metrics_clientapp),
+            },
+        )
