@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,19 +192,32 @@ class LocalFlower:
         runs = out.get("runs") or []
         return runs[0]["status"] if runs else "unknown"
 
-    def wait(self, run_id: str, timeout: float = 600.0) -> str:
+    def wait(
+        self,
+        run_id: str,
+        timeout: float = 600.0,
+        progress: Callable[[str], None] | None = None,
+        progress_every: float = 10.0,
+    ) -> str:
         """Poll `flwr ls` until the run is finished:*; returns that status.
 
         ``flwr run`` exits 0 even for runs that fail: check for
         ``"finished:completed"``. A run still going after ``timeout`` seconds is
-        stopped and ``TimeoutError`` raised with the end of its log.
+        stopped and ``TimeoutError`` raised with the end of its log. Every
+        ``progress_every`` seconds ``progress`` gets the status and the last
+        ``[ROUND r/T]`` of the run's log.
         """
         deadline = time.monotonic() + timeout
+        next_report = time.monotonic() + progress_every
         status = "unknown"
         while time.monotonic() < deadline:
             status = self.status(run_id)
             if status.startswith("finished"):
                 return status
+            if progress is not None and time.monotonic() >= next_report:
+                rounds = re.findall(r"\[ROUND (\d+/\d+)\]", self.logs(run_id))
+                progress(f"{status}, round {rounds[-1]}" if rounds else status)
+                next_report = time.monotonic() + progress_every
             time.sleep(2)
         self.cli("stop", run_id, timeout=60)
         raise TimeoutError(f"run {run_id} not finished after {timeout:.0f}s (last: {status})"
