@@ -10,14 +10,19 @@ from flwr.app import Context
 from flwr.client import ClientApp, NumPyClient
 
 from lips_flwr.clients import LIPSNumPyClient
-from quickstart_legacy.task import Net, load_data, test, train
+from lips_flwr.data import load_digits_client
+from lips_flwr.models import DigitsCNN
+from lips_flwr.training import evaluate as evaluate_model
+from lips_flwr.training import train
+
+torch.set_num_threads(1)  # many clients share the CPU cores
 
 
 class DigitsClient(NumPyClient):
     """An ordinary user-written NumPyClient: knows nothing about LIPS."""
 
     def __init__(self, trainset, testset, local_epochs: int, seed: int) -> None:
-        self.net = Net()
+        self.net = DigitsCNN()
         self.trainset, self.testset = trainset, testset
         self.local_epochs, self.seed = local_epochs, seed
 
@@ -40,13 +45,13 @@ class DigitsClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         self.set_parameters(parameters)
-        loss, acc = test(self.net, self.testset)
+        loss, acc = evaluate_model(self.net, self.testset)
         return loss, len(self.testset), {"eval-acc": acc}
 
 
 def client_fn(context: Context):
     cfg = context.run_config
-    trainset, testset = load_data(
+    trainset, testset = load_digits_client(
         int(context.node_config["partition-id"]),
         samples=int(cfg["samples-per-client"]),
         alpha=float(cfg["alpha"]),

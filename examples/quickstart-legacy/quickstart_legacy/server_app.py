@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 from flwr.app import Context
 from flwr.common import Metrics, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
+from lips_flwr.models import DigitsCNN
+from lips_flwr.results import write_json_atomic
 from lips_flwr.strategies import LegacyLIPS
-from quickstart_legacy.task import Net
-
-
-def _plain(value):
-    """JSON fallback for numpy scalars."""
-    return value.item() if hasattr(value, "item") else str(value)
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` via a temp file + os.replace."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2, sort_keys=True, default=_plain)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def weighted_average(metrics: list[tuple[int, Metrics]]) -> Metrics:
@@ -75,7 +52,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     num_rounds = int(cfg["num-server-rounds"])
     local_epochs = int(cfg["local-epochs"])
 
-    net = Net()
+    net = DigitsCNN()
     ndarrays = [v.cpu().numpy() for v in net.state_dict().values()]
     fedavg = FedAvg(
         fraction_fit=1.0,

@@ -7,10 +7,15 @@ when the server runs LIPS in ``mode="client"`` (a no-op in server mode).
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+import torch
 from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod
-from quickstart_message.task import Net, load_data, test, train
+from lips_flwr.data import load_digits_client
+from lips_flwr.models import DigitsCNN
+from lips_flwr.training import evaluate, train
+
+torch.set_num_threads(1)  # many clients share the CPU cores
 
 app = ClientApp(mods=[fedbn_mod, lips_mod])
 
@@ -18,9 +23,9 @@ app = ClientApp(mods=[fedbn_mod, lips_mod])
 def _setup(msg: Message, context: Context):
     cfg = context.run_config
     pid = int(context.node_config["partition-id"])
-    net = Net()
+    net = DigitsCNN()
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    trainset, testset = load_data(
+    trainset, testset = load_digits_client(
         pid,
         samples=int(cfg["samples-per-client"]),
         alpha=float(cfg["alpha"]),
@@ -49,7 +54,7 @@ def train_fn(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate_fn(msg: Message, context: Context) -> Message:
     net, _, testset = _setup(msg, context)
-    loss, acc = test(net, testset)
+    loss, acc = evaluate(net, testset)
     metrics = MetricRecord(
         {"eval-loss": loss, "eval-acc": acc, "num-examples": len(testset)}
     )

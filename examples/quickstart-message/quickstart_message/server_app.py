@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from lips_flwr.models import DigitsCNN
+from lips_flwr.results import write_json_atomic
 from lips_flwr.strategies import LIPS
-from quickstart_message.task import Net
 
 app = ServerApp()
-
-
-def _plain(value):
-    """JSON fallback for numpy scalars."""
-    return value.item() if hasattr(value, "item") else str(value)
-
-
-def write_json_atomic(path: str, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` via a temp file + os.replace."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2, sort_keys=True, default=_plain)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _per_round(metrics: dict) -> dict:
@@ -45,7 +22,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     num_rounds = int(cfg["num-server-rounds"])
 
-    net = Net()
+    net = DigitsCNN()
     fedavg = FedAvg(
         fraction_train=1.0,
         fraction_evaluate=1.0,
