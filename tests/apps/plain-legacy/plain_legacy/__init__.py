@@ -1,0 +1,1 @@
+"""plain-legacy: A Flower / PyTorch app."""

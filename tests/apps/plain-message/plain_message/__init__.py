@@ -1,0 +1,1 @@
+"""plain-message: A Flower / PyTorch app."""
