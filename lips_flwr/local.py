@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layers import candidate_names
+from .layers import candidate_names, is_candidate
 from .masking import sparsify
 from .scores import SCORES
 from .sparsifier import KEY_LAYERS, KEY_MODE, KEY_ROUND, KEY_SCORE, KEY_SEED, KEY_TAU, MODES
@@ -91,6 +91,9 @@ def client_mask(
             f"lips-layers names positions {bad} but the model has {len(names)} arrays"
         )
     layers = [names[i] for i in round_config.layers]
+    ineligible = [n for n in layers if not is_candidate(n, arrays[n])]
+    if ineligible:
+        raise ValueError(f"lips-layers names tensors that may not be masked: {ineligible}")
     score = round_config.score
     fresh = signal is not None and signal_round == round_config.server_round - 1
     if score == "sensitivity" and not (fresh and all(n in signal for n in layers)):

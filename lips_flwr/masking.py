@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .layers import is_candidate
 from .scores import compute_score
 
 
@@ -58,10 +59,11 @@ def lowest_indices(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def mask_lowest(weights: np.ndarray, scores: np.ndarray, tau: float) -> tuple[np.ndarray, int]:
-    """Return a copy of ``weights`` with its ``ceil(n * tau)`` lowest-score entries zeroed.
+    """``weights`` with its ``ceil(n * tau)`` lowest-score entries zeroed, and that count.
 
     Entries that are already zero rank below every other entry. ``weights`` is
-    not modified; the result keeps its dtype and shape.
+    not modified: the result is a copy with the same dtype and shape, or
+    ``weights`` itself when ``tau`` asks for no zeros.
     """
     k = num_zeros(weights.size, tau)
     if k == 0:
@@ -99,7 +101,8 @@ def sparsify(
     arrays : Mapping[str, np.ndarray]
         The model; not modified.
     layers : Sequence[str]
-        Names of the tensors to sparsify (see :func:`lips_flwr.layers.select_layers`).
+        Names of the tensors to sparsify (see :func:`lips_flwr.layers.select_layers`);
+        ``ValueError`` if one is not a candidate (integer, rank < 2, BN buffer).
     tau : float
         Fraction zeroed per tensor, in [0, 1].
     score : str (default: "sensitivity")
@@ -124,6 +127,11 @@ def sparsify(
         return out, zeros
     for index, name in enumerate(layers):
         weights = arrays[name]
+        if not is_candidate(name, weights):  # the guarantee holds whoever picked the layers
+            raise ValueError(
+                f"{name!r} ({weights.dtype}, shape {weights.shape}) is not eligible for "
+                "sparsification: only floating-point tensors of rank >= 2 are"
+            )
         update = None if updates is None else updates.get(name)
         rng = np.random.default_rng([seed, *salt, index]) if score == "random" else None
         scores = compute_score(score, weights, update, rng)

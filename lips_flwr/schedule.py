@@ -41,7 +41,8 @@ class MaskSchedule:
     num_rounds : int
         ``T``, the total number of federated rounds (>= 1).
     tau0 : float (default: 0.5)
-        Fraction of each eligible tensor zeroed at the first mask round, in [0, 1).
+        Scale in [0, 1): the fraction zeroed at round 1. The decay runs from
+        round 1 whatever ``start_round`` is, as in the paper's ``tau0 (1 - t/T)``.
     every : int (default: 5)
         ``k``: a mask every ``every`` rounds (>= 1).
     start_round : int (default: 1)
@@ -62,6 +63,10 @@ class MaskSchedule:
         object.__setattr__(self, "tau0", validate_tau0(self.tau0))
         object.__setattr__(self, "every", _require_int("every", self.every, 1))
         object.__setattr__(self, "start_round", _require_int("start_round", self.start_round, 1))
+        if self.start_round > self.num_rounds:
+            raise ValueError(
+                f"`start_round` must be <= num_rounds ({self.num_rounds}), got {self.start_round}"
+            )
         if self.decay not in DECAYS:
             raise ValueError(f"`decay` must be one of {DECAYS}, got {self.decay!r}")
 

@@ -43,7 +43,8 @@ class TransientSparsifier:
         ``T`` of the schedule. May be given later with :meth:`set_num_rounds`
         (the Message API adapter takes it from ``start(num_rounds=...)``).
     tau0 : float (default: 0.5)
-        Initial sparsity in [0, 1); ``0`` disables masking (the base strategy).
+        Scale of the schedule, in [0, 1): round ``r`` masks ``tau0 * decay((r-1)/T)``
+        (so exactly ``tau0`` at round 1); ``0`` disables masking (the base strategy).
     every : int (default: 5)
         ``k``: mask every ``every`` rounds, >= 1.
     start_round : int (default: 1)
@@ -75,7 +76,12 @@ class TransientSparsifier:
         seed: int = 0,
     ) -> None:
         # Validate everything up front, even when num_rounds comes later.
-        check = MaskSchedule(1 if num_rounds is None else num_rounds, tau0, every, start_round, decay)
+        if num_rounds is None:  # validate the rest now; T comes with start()
+            ok_start = isinstance(start_round, int) and start_round >= 1
+            horizon = start_round if ok_start else 1
+        else:
+            horizon = num_rounds
+        check = MaskSchedule(horizon, tau0, every, start_round, decay)
         self.tau0 = check.tau0
         self.every = check.every
         self.start_round = check.start_round
@@ -149,7 +155,8 @@ class TransientSparsifier:
         start = time.perf_counter()
         tau = self.schedule.tau(server_round)
         metrics: dict[str, int | float] = {
-            "lips-mask-round": int(self.schedule.is_mask_round(server_round)),
+            # A scheduled round whose tau is 0 (tau0=0, past T) masks nothing: not a mask round.
+            "lips-mask-round": int(tau > 0.0),
             "lips-tau": tau,
         }
         masked, zeros = None, {}

@@ -117,9 +117,11 @@ def test_start_round_shifts_mask_rounds_but_not_decay():
     assert sched.tau(18) == pytest.approx(tau0 * (1 - 17 / T))
 
 
-def test_start_round_beyond_num_rounds_has_no_mask_round():
-    sched = MaskSchedule(num_rounds=5, tau0=0.5, every=2, start_round=9)
-    assert sched.mask_rounds() == []
+def test_start_round_beyond_num_rounds_is_rejected():
+    """A schedule without a single mask round is a configuration mistake, not a no-op."""
+    with pytest.raises(ValueError, match=r"`start_round` must be <= num_rounds \(5\), got 9"):
+        MaskSchedule(num_rounds=5, tau0=0.5, every=2, start_round=9)
+    assert MaskSchedule(num_rounds=5, tau0=0.5, every=2, start_round=5).mask_rounds() == [5]
 
 
 # --------------------------------------------------------------------------- decays

@@ -163,7 +163,7 @@ def test_after_aggregation_client_mode_returns_none(small_net):
     sp = TransientSparsifier(num_rounds=10, tau0=0.5, mode="client")
     masked, metrics = sp.after_aggregation(1, small_net, small_net)
     assert masked is None
-    assert metrics["lips-mask-round"] == 1
+    assert metrics["lips-mask-round"] == 1  # scheduled with tau > 0: clients mask
     assert metrics["lips-tau"] == 0.5
     assert metrics["lips-zeros"] == 0
     assert metrics["lips-layers-masked"] == 0
