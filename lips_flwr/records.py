@@ -17,12 +17,13 @@ def numpy_to_record(
     arrays: Mapping[str, np.ndarray],
     template: ArrayRecord | None = None,
     changed: Iterable[str] | None = None,
+    order: Iterable[str] | None = None,
 ) -> ArrayRecord:
     """An ArrayRecord of ``arrays``.
 
-    With a ``template``, the record has the template's names and order and
-    reuses its Arrays except for the names in ``changed`` (saves re-serializing
-    tensors that did not change).
+    With a ``template``, the record has the template's names (in ``order``
+    when given, else the template's) and reuses its Arrays except for the
+    names in ``changed`` (saves re-serializing tensors that did not change).
     """
     if template is None:
         return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
@@ -30,6 +31,6 @@ def numpy_to_record(
     return ArrayRecord(
         {
             name: Array(np.ascontiguousarray(arrays[name])) if name in changed else template[name]
-            for name in template
+            for name in (template if order is None else order)
         }
     )

@@ -4,8 +4,8 @@ Some strategies keep their own copy of the model they returned and build the
 next round on it, which would silently undo the mask: Message ``FedAvgM``
 (``current_arrays``), legacy ``FedAdam``/``FedYogi``/``FedAdagrad``
 (``current_weights``) and legacy ``FedAvgM`` with server momentum
-(``initial_parameters``). Any cache that still holds the unmasked aggregate is
-replaced, at every level of a chain of wrappers (``.strategy``).
+(``initial_parameters``). Any such cache written during the round's
+aggregation gets the mask's zeros, at every level of a chain of wrappers (``.strategy``).
 """
 
 from __future__ import annotations
@@ -27,31 +27,37 @@ def strategy_chain(strategy: Any) -> Iterator[Any]:
         strategy = getattr(strategy, "strategy", None)
 
 
-def _same_model(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
-    return list(a) == list(b) and all(
-        np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a
-    )
+def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
+    """Identity of every cache attribute in the chain, taken before aggregation."""
+    return {
+        (id(inner), attribute): id(getattr(inner, attribute, None))
+        for inner in strategy_chain(strategy)
+        for attribute in CACHE_ATTRIBUTES
+    }
 
 
 def sync_cached_models(
     strategy: Any,
-    aggregate: Any,
-    unmasked: Mapping[str, np.ndarray],
-    masked: Mapping[str, np.ndarray],
+    before: dict[tuple[int, str], int],
+    masks: Mapping[str, np.ndarray],
     to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
     from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any],
 ) -> list[str]:
-    """Replace every cached copy of ``unmasked`` by ``masked``.
+    """Zero the masked positions in every cache the strategy chain wrote this round.
+
+    A cache counts as written when its attribute now holds another object than
+    at :func:`snapshot_caches` time. The same positions are zeroed there, rather
+    than the cache being replaced by the broadcast model: below a DP wrapper
+    the cache holds the aggregate *before* noise, and must keep it.
 
     Parameters
     ----------
     strategy : Any
-        The wrapped strategy (the chain below it is searched too).
-    aggregate : Any
-        The object the strategy returned (a cache holding this very object is
-        replaced without comparing contents).
-    unmasked, masked : Mapping[str, np.ndarray]
-        The aggregate before and after sparsification.
+        The outermost strategy (the chain below it is searched too).
+    before : dict
+        The result of :func:`snapshot_caches` before the aggregation.
+    masks : Mapping[str, np.ndarray]
+        Per masked layer, a boolean array: ``True`` where the broadcast model is 0.
     to_numpy : callable
         Cached value -> ``name -> ndarray``, or ``None`` if it is not a model.
     from_numpy : callable
@@ -66,12 +72,17 @@ def sync_cached_models(
     for inner in strategy_chain(strategy):
         for attribute in CACHE_ATTRIBUTES:
             value = getattr(inner, attribute, None)
-            if value is None:
+            if value is None or before.get((id(inner), attribute)) == id(value):
                 continue
-            if value is not aggregate:
-                cached = to_numpy(value)
-                if cached is None or not _same_model(cached, unmasked):
-                    continue
-            setattr(inner, attribute, from_numpy(value, masked))
+            cached = to_numpy(value)
+            if cached is None or any(
+                name not in cached or np.shape(cached[name]) != mask.shape
+                for name, mask in masks.items()
+            ):
+                continue
+            edited = dict(cached)
+            for name, mask in masks.items():
+                edited[name] = np.where(mask, np.zeros_like(cached[name]), cached[name])
+            setattr(inner, attribute, from_numpy(value, edited))
             synced.append(f"{type(inner).__name__}.{attribute}")
     return synced

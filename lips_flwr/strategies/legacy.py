@@ -26,12 +26,12 @@ from flwr.common import (
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
-from flwr.supercore import log
+from flwr.common import log
 
 from ..layers import LayerSpec
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
-from ._cache_sync import sync_cached_models
-from ._summary import log_round, log_settings
+from ._cache_sync import snapshot_caches
+from ._common import check_model, log_round, log_settings, sparsify_aggregate
 
 FitResults = list[tuple[ClientProxy, FitRes]]
 FitFailures = list[tuple[ClientProxy, FitRes] | BaseException]
@@ -62,6 +62,8 @@ class _LegacyLIPSMixin:
                 "`num_rounds` is required by the legacy LIPS strategies: pass the "
                 "num_rounds of your ServerConfig (an integer >= 1)"
             )
+        if isinstance(param_names, str):
+            raise ValueError("`param_names` must be a list of distinct strings, not one string")
         if param_names is not None:
             param_names = list(param_names)
             if not all(isinstance(n, str) for n in param_names) or len(set(param_names)) != len(param_names):
@@ -92,7 +94,15 @@ class _LegacyLIPSMixin:
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Remember the global model and add the ``lips-*`` keys to each FitIns."""
+        if parameters.tensor_type != "numpy.ndarray":
+            raise ValueError(
+                f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
+                f"got {parameters.tensor_type!r}"
+            )
         names = self._names(parameters)
+        if self._lips_previous is None:  # the legacy server never calls summary()
+            self.summary()
+            check_model(self.sparsifier, self._to_numpy(parameters))
         self._lips_previous = parameters
         self._lips_shapes = {n: npy_shape(t) for n, t in zip(names, parameters.tensors)}
         needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
@@ -129,6 +139,7 @@ class _LegacyLIPSMixin:
         """Aggregate with the wrapped strategy, then sparsify on mask rounds."""
         failures = list(failures)
         results = self._split_mismatched(list(results), failures)
+        before = snapshot_caches(self)
         parameters, metrics = super().aggregate_fit(server_round, results, failures)  # type: ignore[misc]
         if parameters is None:
             return parameters, metrics
@@ -137,17 +148,22 @@ class _LegacyLIPSMixin:
         previous = None
         if masks and self._lips_previous is not None:
             previous = self._to_numpy(self._lips_previous)
-        masked, lips_metrics = self.sparsifier.after_aggregation(server_round, aggregate, previous)
+        masked, lips_metrics = sparsify_aggregate(
+            self, self.sparsifier, server_round, aggregate, previous, before,
+            self._cached_to_numpy, self._numpy_to_cached,
+        )
         if masked is not None:
-            sync_cached_models(self, parameters, aggregate, masked, self._cached_to_numpy,
-                               self._numpy_to_cached)
             parameters = ndarrays_to_parameters(list(masked.values()))
-        log_round(server_round, lips_metrics, self.sparsifier.mode)
+        reports = sum("lips-client-zeros" in (res.metrics or {}) for _, res in results)
+        log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
         return parameters, {**(metrics or {}), **lips_metrics}
 
     def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
         if isinstance(value, Parameters):
-            return self._to_numpy(value) if value.tensors else None
+            count = len(value.tensors)
+            if not count or (self.param_names is not None and len(self.param_names) != count):
+                return None
+            return self._to_numpy(value)
         # FedOpt's 0-d entries (num_batches_tracked) come out as numpy scalars.
         if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
             names = self.param_names
@@ -166,6 +182,12 @@ class _LegacyWrapper(Strategy):
     """A legacy Strategy that delegates everything to ``self.strategy``."""
 
     strategy: Strategy
+
+    def __getattr__(self, name: str) -> Any:
+        # Reach the wrapped strategy's own attributes (e.g. a FedAvg's min_fit_clients).
+        if name == "strategy" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return self.strategy.initialize_parameters(client_manager)

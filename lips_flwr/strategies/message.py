@@ -10,13 +10,13 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
-from flwr.supercore import log
+from flwr.common import log
 
 from ..layers import LayerSpec
-from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
 from ..records import numpy_to_record, record_to_numpy
-from ._cache_sync import sync_cached_models
-from ._summary import log_round, log_settings
+from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
+from ._cache_sync import snapshot_caches
+from ._common import check_model, log_round, log_settings, sparsify_aggregate
 
 
 def _cached_to_numpy(value: Any) -> dict[str, np.ndarray] | None:
@@ -68,6 +68,8 @@ class _LIPSMixin:
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Remember the global model (for ``dw``) and add the ``lips-*`` config keys."""
+        if self._lips_previous is None:
+            check_model(self.sparsifier, record_to_numpy(arrays))
         self._lips_previous = arrays
         config = ConfigRecord(dict(config))  # start() passes the same record every round
         needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
@@ -100,21 +102,33 @@ class _LIPSMixin:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate with the wrapped strategy, then sparsify on mask rounds."""
         replies = self._drop_mismatched(list(replies))
+        before = snapshot_caches(self)
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
         if arrays is None:
             return arrays, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
-        aggregate = record_to_numpy(arrays) if masks else {}
-        previous = None
-        if masks and self._lips_previous is not None:
-            previous = record_to_numpy(self._lips_previous)
-        masked, lips_metrics = self.sparsifier.after_aggregation(server_round, aggregate, previous)
+        aggregate, previous = {}, None
+        if masks:
+            # Layers are chosen in the global model's order: the aggregate's
+            # follows whichever client replied first.
+            unordered = record_to_numpy(arrays)
+            order = list(self._lips_previous) if self._lips_previous is not None else []
+            order = order if set(order) == set(unordered) else list(unordered)
+            aggregate = {name: unordered[name] for name in order}
+            if self._lips_previous is not None:
+                previous = record_to_numpy(self._lips_previous)
+        masked, lips_metrics = sparsify_aggregate(
+            self, self.sparsifier, server_round, aggregate, previous, before,
+            _cached_to_numpy, _numpy_to_cached,
+        )
         if masked is not None:
             changed = [n for n in masked if masked[n] is not aggregate[n]]
-            new_arrays = numpy_to_record(masked, arrays, changed)
-            sync_cached_models(self, arrays, aggregate, masked, _cached_to_numpy, _numpy_to_cached)
-            arrays = new_arrays
-        log_round(server_round, lips_metrics, self.sparsifier.mode)
+            arrays = numpy_to_record(masked, arrays, changed, order=list(masked))
+        reports = sum(
+            any("lips-client-zeros" in m for m in msg.content.metric_records.values())
+            for msg in replies if not msg.has_error()
+        )
+        log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
         metrics = MetricRecord() if metrics is None else metrics
         for key, value in lips_metrics.items():
             metrics[key] = value
@@ -125,6 +139,12 @@ class _Wrapper(Strategy):
     """A Strategy that delegates everything to ``self.strategy``."""
 
     strategy: Strategy
+
+    def __getattr__(self, name: str) -> Any:
+        # Reach the wrapped strategy's own API (e.g. a DP wrapper's privacy_spent()).
+        if name == "strategy" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
 
     def summary(self) -> None:
         self.strategy.summary()

@@ -217,3 +217,27 @@ def test_invalid_arguments_raise_value_error(kwargs, match):
 def test_message_strategy_is_refused():
     with pytest.raises(ValueError, match="use LIPS"):
         LegacyLIPS(MessageFedAvg(), num_rounds=3)
+
+
+def test_dp_noise_wrapper_over_fedadam_keeps_the_zeros_in_fedadam_cache():
+    inner = FedAdam(initial_parameters=initial())
+    strategy = LegacyLIPS(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 100.0, 3),
+                          param_names=NAMES, num_rounds=NUM_ROUNDS)
+    masked = run_rounds(strategy, num_rounds=1)[0][1]
+    cache = dict(zip(NAMES, inner.current_weights))
+    for name in MIDDLE:
+        zeros = masked[name] == 0
+        assert zeros.sum() > 0 and np.all(cache[name][zeros] == 0), name
+
+
+def test_wrapper_exposes_the_wrapped_strategys_attributes():
+    assert LegacyLIPS(FedAvg(min_fit_clients=7), num_rounds=3).min_fit_clients == 7
+
+
+def test_bad_param_names_and_parameters_are_clear_errors():
+    with pytest.raises(ValueError, match="not one string"):
+        LegacyLIPS(FedAvg(), param_names="conv1.weight", num_rounds=3)
+    odd = ndarrays_to_parameters(list(tiny_model().values()))
+    odd.tensor_type = "torch.Tensor"
+    with pytest.raises(ValueError, match="tensor_type"):
+        LegacyLIPS(FedAvg(), num_rounds=3).configure_fit(1, odd, client_manager(3))

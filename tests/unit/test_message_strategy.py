@@ -253,3 +253,53 @@ def test_wrapping_a_legacy_strategy_is_refused():
 
     with pytest.raises(ValueError, match="LegacyLIPS"):
         LIPS(LegacyFedAvg())
+
+
+def test_dp_noise_wrapper_over_fedavgm_keeps_the_zeros_in_fedavgm_cache():
+    """Below a DP wrapper the cache holds the pre-noise aggregate: the mask's positions are zeroed there."""
+    inner = FedAvgM(server_momentum=0.9)
+    strategy = LIPS(DifferentialPrivacyServerSideFixedClipping(inner, 0.5, 100.0, 3),
+                    num_rounds=NUM_ROUNDS)
+    masked = run_rounds(strategy, num_rounds=1)[0][1]
+    cache = to_numpy(inner.current_arrays)
+    for name in MIDDLE:
+        zeros = masked[name] == 0
+        assert zeros.sum() > 0
+        assert np.all(cache[name][zeros] == 0), name
+        assert np.count_nonzero(cache[name][~zeros]) > 0.9 * (~zeros).sum()  # not replaced
+
+
+def test_layers_follow_the_global_models_order_not_the_first_reply():
+    strategy = LIPS(FedAvg(), num_rounds=NUM_ROUNDS)
+    model = tiny_model()
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    trained = client_models(model, 2, seed=1)
+    reversed_first = dict(reversed(list(trained[0].items())))
+    new, metrics = strategy.aggregate_train(1, [reply(reversed_first, 10), reply(trained[1], 10)])
+    assert sorted(k for k in metrics if k.startswith("lips-zeros/")) == [f"lips-zeros/{n}" for n in MIDDLE]
+    assert list(new.keys()) == list(model)
+
+
+def test_wrapper_exposes_the_wrapped_strategys_attributes():
+    strategy = LIPS(FedAvg(fraction_train=0.3), num_rounds=3)
+    assert strategy.fraction_train == 0.3
+    with pytest.raises(AttributeError):
+        strategy.no_such_attribute  # noqa: B018
+
+
+def test_tau0_zero_has_no_mask_rounds():
+    history = run_rounds(LIPS(FedAvg(), num_rounds=NUM_ROUNDS, tau0=0.0), num_rounds=6)
+    assert all(m["lips-mask-round"] == 0 and m["lips-zeros"] == 0 for _, _, m in history)
+
+
+def test_client_mode_without_client_side_is_reported(caplog):
+    strategy = LIPS(FedAvg(), num_rounds=NUM_ROUNDS, mode="client")
+    with caplog.at_level(logging.WARNING):
+        run_rounds(strategy, num_rounds=1)
+    assert "client mode needs lips_mod" in caplog.text
+
+
+def test_unknown_layer_names_fail_before_training():
+    strategy = LIPS(FedAvg(), num_rounds=3, layers=["conv9.*"])
+    with pytest.raises(ValueError, match="'conv9.\\*' matches no eligible tensor"):
+        strategy.configure_train(1, to_record(tiny_model()), ConfigRecord(), grid())
