@@ -1,5 +1,8 @@
 """Client mods for the Message API: ``app = ClientApp(mods=[fedbn_mod, lips_mod])``.
 
+For ClientApps built on the Message API (``@app.train()``); a legacy
+``ClientApp(client_fn=...)`` uses :class:`~lips_flwr.clients.LIPSNumPyClient`.
+
 Mods run in list order on the way in and in reverse on the way out, so with
 the order above the mask is applied to the model after FedBN restored the
 client's own batch-norm tensors, and the local update is measured on exactly
@@ -9,22 +12,30 @@ the model training started from.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from logging import ERROR, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType
-from flwr.clientapp.typing import ClientAppCallable
+from flwr.common import log
 from flwr.common.constant import ErrorCode
-from flwr.supercore import log
 
 from ..layers import batch_norm_names
 from ..records import numpy_to_record, record_to_numpy
 from .state import after_training, before_training, restore_local, save_local
 
+ClientAppCallable = Callable[[Message, Context], Message]
+# Older Flower releases have no MOD_FAILED_PRECONDITION.
+_MOD_ERROR = getattr(ErrorCode, "MOD_FAILED_PRECONDITION", ErrorCode.UNKNOWN)
+
+
+def _kind(msg: Message) -> str:
+    """``"train"`` for ``"train"`` and ``"train.<action>"`` (``@app.train("name")``)."""
+    return msg.metadata.message_type.split(".", 1)[0]
+
 
 def _error_reply(msg: Message, reason: str) -> Message:
     log(ERROR, reason)
-    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
+    return Message(Error(code=_MOD_ERROR, reason=reason), reply_to=msg)
 
 
 def _single(msg: Message, kind: type) -> tuple[str, object] | None:
@@ -42,7 +53,7 @@ def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     none). In both modes it adds ``lips-update-norm`` metrics to the reply.
     Only TRAIN messages are touched.
     """
-    if msg.metadata.message_type != MessageType.TRAIN:
+    if _kind(msg) != MessageType.TRAIN:
         return call_next(msg, context)
     found = _single(msg, ArrayRecord)
     if found is None:
@@ -65,7 +76,7 @@ def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     if reply.has_error():
         return reply
     out = _single(reply, ArrayRecord)
-    if out is None or list(out[1].keys()) != list(record.keys()):
+    if out is None or set(out[1].keys()) != set(record.keys()):
         log(WARNING, "lips_mod: the reply's arrays do not match the received ones; "
                      "local update not tracked this round")
         return reply
@@ -96,7 +107,7 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
     def fedbn_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         """Restore this client's local tensors on the way in; store them on the way out."""
         found = _single(msg, ArrayRecord)
-        if found is None or msg.metadata.message_type not in (MessageType.TRAIN, MessageType.EVALUATE):
+        if found is None or _kind(msg) not in (MessageType.TRAIN, MessageType.EVALUATE):
             return call_next(msg, context)
         key, record = found
         names = local_names(record)
@@ -107,7 +118,7 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
             msg.content[key] = numpy_to_record(restored, record, changed)
         reply = call_next(msg, context)
         out = _single(reply, ArrayRecord) if not reply.has_error() else None
-        if out is not None and msg.metadata.message_type == MessageType.TRAIN:
+        if out is not None and _kind(msg) == MessageType.TRAIN:
             save_local(context.state, {n: out[1][n].numpy() for n in names if n in out[1]}, names)
         return reply
 

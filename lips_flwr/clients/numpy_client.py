@@ -1,9 +1,10 @@
-"""LIPS for legacy ``NumPyClient`` apps: a wrapper that tracks local update deltas."""
+"""LIPS for legacy ``NumPyClient`` apps: tracks local update deltas, wraps or is subclassed."""
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from flwr.app import Context
@@ -13,95 +14,161 @@ from flwr.common import NDArrays, Scalar
 from ..layers import batch_norm_names
 from .state import after_training, before_training, restore_local, save_local
 
+_OPTIONAL = ("get_properties", "get_parameters", "evaluate")
+
+
+def _next_in_mro(cls: type, method: str) -> Callable | None:
+    """The implementation of ``method`` after LIPSNumPyClient in ``cls``'s MRO."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(LIPSNumPyClient) + 1:]:
+        if method in vars(klass):
+            return vars(klass)[method]
+    return None
+
 
 class LIPSNumPyClient(NumPyClient):
-    """Wrap a user's ``NumPyClient``: delta tracking, client-mode masking, FedBN.
+    """A ``NumPyClient`` with LIPS: delta tracking, client-mode masking, FedBN.
 
-    ``client_fn`` changes by one line::
+    Wrap a user's client (``client_fn`` changes by one line)::
 
         return LIPSNumPyClient(MyClient(net, data), context).to_client()
+
+    or subclass it, LIPS first, so its ``fit`` runs around yours::
+
+        class MyLIPSClient(LIPSNumPyClient, MyClient):
+            def __init__(self, context, net, data):
+                MyClient.__init__(self, net, data)
+                LIPSNumPyClient.__init__(self, context=context)
 
     Each ``fit`` measures the local update ``w_after - w_received`` and reports
     its norms (``lips-update-norm`` metrics). When the server runs LIPS in
     client mode, on mask rounds the received model is masked with last round's
-    update (magnitude when there is none) before the wrapped client trains.
-    State is kept in ``context.state``, which outlives the ephemeral client
-    objects of a simulation.
+    update (magnitude when there is none) before the user's ``fit`` trains.
+    State lives in ``context.state``, which outlives the ephemeral client
+    objects of a simulation. Flower sees the same optional methods
+    (``evaluate``, ``get_parameters``, ``get_properties``) as the user's client
+    implements.
 
     Parameters
     ----------
-    client : NumPyClient
-        The user's client; its ``fit``/``evaluate`` receive the (masked) arrays.
+    client : NumPyClient, optional
+        The user's client; omit it when subclassing.
     context : Context
         The ``Context`` given to ``client_fn``.
     param_names : list[str], optional
         Names of the arrays in the order they are exchanged (as given to
-        ``LegacyLIPS``). Needed for ``keep_local="batchnorm"``.
+        ``LegacyLIPS``). Needed to keep tensors local by name.
     keep_local : str or sequence, optional
         Tensors that never take the server's value: ``"batchnorm"`` (FedBN,
-        needs ``param_names`` with the running statistics), a sequence of
-        names or glob patterns (needs ``param_names``), or of positions.
+        needs ``param_names`` including the running statistics), a sequence
+        of names or glob patterns (needs ``param_names``), or of positions.
     """
 
     def __init__(
         self,
-        client: NumPyClient,
-        context: Context,
+        client: NumPyClient | None = None,
+        context: Context | None = None,
         *,
         param_names: Sequence[str] | None = None,
         keep_local: str | Sequence[str | int] | None = None,
     ) -> None:
-        if not isinstance(client, NumPyClient):
+        if client is not None and not isinstance(client, NumPyClient):
             raise ValueError(f"`client` must be a NumPyClient, got {type(client).__name__}")
-        self.client = client
-        self.context = context
-        self.param_names = None if param_names is None else list(param_names)
-        self._local = self._resolve_local(keep_local)
+        if client is None and type(self) is LIPSNumPyClient:
+            raise ValueError("`client` is required unless LIPSNumPyClient is subclassed")
+        if not isinstance(context, Context):
+            raise ValueError("`context` must be the flwr Context given to client_fn")
+        if isinstance(param_names, str):
+            raise ValueError("`param_names` must be a list of names, not one string")
+        # Prefixed names: in subclass mode these live beside the user's attributes.
+        self._lips_client = client
+        self._lips_context = context
+        self._lips_names = None if param_names is None else list(param_names)
+        self._lips_local = self._resolve_local(keep_local)
+        self._hide_unimplemented()
 
-    def _resolve_local(self, keep_local) -> list[str]:
+    def _resolve_local(self, keep_local: object) -> list[str]:
+        names = self._lips_names
         if keep_local is None:
             return []
-        if all(isinstance(k, int) for k in keep_local) and not isinstance(keep_local, str):
-            return [str(k) for k in keep_local]
-        if self.param_names is None:
-            raise ValueError("`keep_local` by name needs `param_names` (the arrays' names in order)")
-        if keep_local == "batchnorm":
-            names = batch_norm_names(dict.fromkeys(self.param_names, np.empty(0)))
-            if not names:
+        if isinstance(keep_local, str):
+            if keep_local != "batchnorm":
+                raise ValueError("`keep_local` must be 'batchnorm' or a sequence of names/positions")
+            if names is None:
+                raise ValueError("`keep_local='batchnorm'` needs `param_names` (the arrays' names in order)")
+            found = batch_norm_names(dict.fromkeys(names, np.empty(0)))
+            if not found:
                 raise ValueError("`keep_local='batchnorm'` found no batch norm: `param_names` has "
                                  "no '*.running_mean' (send the whole state_dict)")
-            return names
-        if isinstance(keep_local, str):
-            raise ValueError("`keep_local` must be 'batchnorm' or a sequence of names/positions")
-        return [n for n in self.param_names if any(fnmatch.fnmatch(n, p) for p in keep_local)]
+            return found
+        items = list(keep_local)  # type: ignore[call-overload]
+        if items and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in items):
+            if names is None:
+                return [str(int(i)) for i in items]  # checked against the model in fit()
+            bad = [i for i in items if not 0 <= i < len(names)]
+            if bad:
+                raise ValueError(f"`keep_local` positions {bad} are outside 0..{len(names) - 1}")
+            return [names[int(i)] for i in items]
+        if items and all(isinstance(i, str) for i in items):
+            if names is None:
+                raise ValueError("`keep_local` by name needs `param_names` (the arrays' names in order)")
+            unmatched = [p for p in items if not fnmatch.filter(names, p)]
+            if unmatched:
+                raise ValueError(f"`keep_local` patterns {unmatched} match no name in `param_names`")
+            return [n for n in names if any(fnmatch.fnmatch(n, p) for p in items)]
+        raise ValueError("`keep_local` must be 'batchnorm', or a non-empty sequence of names or positions")
 
-    def _named(self, parameters: NDArrays) -> dict[str, np.ndarray]:
-        names = self.param_names
+    def _inner(self, method: str) -> Callable:
+        """The user's method: the wrapped client's, or the next class's when subclassed."""
+        if self._lips_client is not None:
+            return getattr(self._lips_client, method)
+        return getattr(super(), method)
+
+    def _hide_unimplemented(self) -> None:
+        # Flower calls only the optional methods a NumPyClient overrides; ours
+        # all exist, so put NumPyClient's back where the user's client has none.
+        missing = {}
+        for method in _OPTIONAL:
+            if self._lips_client is not None:
+                impl = getattr(type(self._lips_client), method)
+            else:
+                impl = _next_in_mro(type(self), method)
+            if impl is None or impl is getattr(NumPyClient, method):
+                missing[method] = getattr(NumPyClient, method)
+        if missing:
+            self.__class__ = type(type(self).__name__, (type(self),), missing)
+
+    def _named(self, parameters: NDArrays, source: str) -> dict[str, np.ndarray]:
+        names = self._lips_names
         if names is None:
             names = [str(i) for i in range(len(parameters))]
         elif len(names) != len(parameters):
-            raise ValueError(f"`param_names` has {len(names)} names but the server sent "
+            raise ValueError(f"`param_names` has {len(names)} names but {source} "
                              f"{len(parameters)} arrays")
+        unknown = [n for n in self._lips_local if n not in names]
+        if unknown:
+            raise ValueError(f"`keep_local` positions {unknown} are outside the model's "
+                             f"{len(names)} arrays")
         return dict(zip(names, parameters))
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        return self.client.get_properties(config)
+        return self._inner("get_properties")(config)
 
     def get_parameters(self, config: dict[str, Scalar]) -> NDArrays:
-        return self.client.get_parameters(config)
+        return self._inner("get_parameters")(config)
 
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Restore local tensors, mask on client-mode mask rounds, train, track the update."""
-        state = self.context.state
-        received = restore_local(state, self._named(parameters), self._local)
+        state = self._lips_context.state
+        received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
         start, mask_metrics, round_config = before_training(
-            state, received, config, (self.context.node_id,)
+            state, received, config, (self._lips_context.node_id,)
         )
-        trained, num_examples, metrics = self.client.fit(list(start.values()), config)
-        named = self._named(trained)
-        save_local(state, named, self._local)
+        trained, num_examples, metrics = self._inner("fit")(list(start.values()), config)
+        named = self._named(trained, "the client's fit returned")
+        save_local(state, named, self._lips_local)
         lips_metrics = after_training(state, start, named, round_config)
         return trained, num_examples, {**(metrics or {}), **lips_metrics, **mask_metrics}
 
@@ -109,5 +176,6 @@ class LIPSNumPyClient(NumPyClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         """Evaluate the received model with this client's local tensors restored."""
-        restored = restore_local(self.context.state, self._named(parameters), self._local)
-        return self.client.evaluate(list(restored.values()), config)
+        named = self._named(parameters, "the server sent")
+        restored = restore_local(self._lips_context.state, named, self._lips_local)
+        return self._inner("evaluate")(list(restored.values()), config)

@@ -49,7 +49,7 @@ class FakeApp:
     def __call__(self, msg: Message, ctx: Context) -> Message:
         received = to_numpy(msg.content["arrays"])
         self.received.append(received)
-        if msg.metadata.message_type != MessageType.TRAIN:
+        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return Message(RecordDict({"metrics": MetricRecord({"acc": 1.0})}), reply_to=msg)
         self.last_update = self.update_for(received)
         trained = {k: v + self.last_update.get(k, 0) for k, v in received.items()}
@@ -203,6 +203,9 @@ def test_numpy_client_fedbn():
         ({"keep_local": "batchnorm"}, "needs `param_names`"),
         ({"keep_local": "batchnorm", "param_names": ["a.weight", "b.weight"]}, "found no batch norm"),
         ({"keep_local": "everything", "param_names": NAMES}, "must be 'batchnorm' or a sequence"),
+        ({"keep_local": [99], "param_names": NAMES}, r"positions \[99\] are outside"),
+        ({"keep_local": ["bn9.*"], "param_names": NAMES}, r"patterns \['bn9.\*'\] match no name"),
+        ({"param_names": "conv1.weight"}, "not one string"),
     ],
 )
 def test_numpy_client_argument_errors(kwargs, match):
@@ -214,3 +217,61 @@ def test_numpy_client_reports_wrong_array_count():
     client = LIPSNumPyClient(UserClient(FakeApp()), context(), param_names=NAMES)
     with pytest.raises(ValueError, match="server sent 3 arrays"):
         client.fit([np.zeros(1)] * 3, {})
+
+
+def test_keep_local_positions_map_through_the_names():
+    app, ctx = FakeApp(), context()
+    position = NAMES.index("fc.bias")
+    client = LIPSNumPyClient(UserClient(app), ctx, param_names=NAMES, keep_local=[position])
+    client.fit(list(tiny_model(0).values()), {})
+    trained = app.received[0]["fc.bias"] + app.last_update["fc.bias"]
+    client.evaluate(list(tiny_model(1).values()), {})
+    np.testing.assert_array_equal(app.received[1]["fc.bias"], trained)
+
+
+def test_only_the_user_clients_optional_methods_are_exposed():
+    try:
+        from flwr.compat.client.numpy_client import has_evaluate, has_get_parameters
+    except ImportError:  # Flower < 1.2x kept it in flwr.client
+        from flwr.client.numpy_client import has_evaluate, has_get_parameters
+
+    class FitOnly(NumPyClient):
+        def fit(self, parameters, config):
+            return parameters, 1, {}
+
+    wrapped = LIPSNumPyClient(FitOnly(), context())
+    assert not has_evaluate(wrapped) and not has_get_parameters(wrapped)
+    assert has_evaluate(LIPSNumPyClient(UserClient(FakeApp()), context()))
+    wrapped.to_client()  # still a valid client
+
+
+def test_subclassing_runs_lips_around_the_users_fit():
+    class LIPSUserClient(LIPSNumPyClient, UserClient):
+        def __init__(self, context, app):
+            UserClient.__init__(self, app)
+            LIPSNumPyClient.__init__(self, context=context, param_names=NAMES)
+
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    _, _, metrics = LIPSUserClient(ctx, app).fit(list(model.values()), lips_config(1, tau=0.5))
+    assert metrics["loss"] == 0.1 and metrics["lips-client-zeros"] > 0
+    assert (app.received[0]["conv2.weight"] == 0).sum() == math.ceil(model["conv2.weight"].size * 0.5)
+    _, _, metrics = LIPSUserClient(ctx, app).fit(list(model.values()), lips_config(2, tau=0.4))
+    assert metrics["lips-client-fallback"] == 0.0  # the signal survived the new object
+    with pytest.raises(ValueError, match="`client` is required"):
+        LIPSNumPyClient(context=ctx)
+
+
+def test_lips_mod_handles_named_train_actions_and_reordered_replies():
+    app, ctx, model = FakeApp(), context(), tiny_model()
+    reply = lips_mod(message(model, lips_config(1, tau=0.5), "train.finetune"), ctx, app)
+    assert (app.received[0]["conv2.weight"] == 0).sum() > 0
+    assert "lips-update-norm" in reply.content["metrics"]
+
+    def reordering_app(msg, ctx):
+        out = app(msg, ctx)
+        arrays = out.content["arrays"]
+        out.content["arrays"] = to_record(dict(reversed(list(to_numpy(arrays).items()))))
+        return out
+
+    reply = lips_mod(message(model, lips_config(2)), ctx, reordering_app)
+    assert "lips-update-norm" in reply.content["metrics"]
