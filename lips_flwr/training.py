@@ -1,27 +1,71 @@
-"""Plain PyTorch training and evaluation loops used by the example apps."""
+"""Plain PyTorch training and evaluation loops used by the example apps.
+
+Data are tensors already on the training device (a client has a few hundred
+samples: no DataLoader, no worker processes). Augmentation runs batched on
+that device, once per sample per epoch.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+from torch.nn import functional as F
+
+AUGMENTATIONS = ("none", "flip-crop-rotate", "flip-rotate")
 
 
-def train(
-    net: nn.Module, data, epochs: int, seed: int = 0, lr: float = 0.05, batch_size: int = 50
+def augment(x: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """Random horizontal flip, 15-degree rotation and (``flip-crop-rotate``) 4-pixel crop.
+
+    The paper's CIFAR-100 (flip, rotation, crop 32 with padding 4) and
+    TinyImageNet (flip, rotation) augmentations, batched.
+    """
+    if kind == "none":
+        return x
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"`augment` must be one of {AUGMENTATIONS}, got {kind!r}")
+    n = x.shape[0]
+    rand = lambda *s: torch.rand(*s, generator=generator, device="cpu").to(x.device)  # noqa: E731
+    flip = rand(n) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    angle = (rand(n) * 2 - 1) * math.radians(15)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    shift = torch.zeros(n, 2, device=x.device)
+    if kind == "flip-crop-rotate":  # a random crop of the 4-pixel padded image, as a shift
+        shift = (torch.floor(rand(n, 2) * 9) - 4) * 2 / x.shape[-1]
+    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1),
+                         torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, padding_mode="zeros", align_corners=False)
+
+
+def train_tensors(
+    net: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    batch_size: int = 100,
+    augmentation: str = "none",
+    seed: int = 0,
 ) -> float:
-    """Train with SGD (momentum 0.9, a fresh optimizer per call); return the mean loss."""
-    gen = torch.Generator().manual_seed(seed)
-    loader = torch.utils.data.DataLoader(
-        data, batch_size=batch_size, shuffle=True, generator=gen
-    )
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    """SGD with a fresh optimizer (the paper's local training); returns the mean loss."""
+    generator = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     net.train()
     total, count = 0.0, 0
     for _ in range(epochs):
-        for xb, yb in loader:
+        order = torch.randperm(x.shape[0], generator=generator).to(x.device)
+        for start in range(0, x.shape[0], batch_size):
+            idx = order[start:start + batch_size]
+            xb, yb = augment(x[idx], augmentation, generator), y[idx]
             opt.zero_grad()
-            loss = loss_fn(net(xb), yb)
+            loss = F.cross_entropy(net(xb), yb)
             loss.backward()
             opt.step()
             total += loss.item() * len(yb)
@@ -30,11 +74,26 @@ def train(
 
 
 @torch.no_grad()
-def evaluate(net: nn.Module, data) -> tuple[float, float]:
-    """Return (loss, accuracy) on ``data``."""
+def evaluate_tensors(net: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+    """Return (mean loss, accuracy) of ``net`` in eval mode."""
     net.eval()
-    xb, yb = data.tensors
-    logits = net(xb)
-    loss = nn.functional.cross_entropy(logits, yb).item()
-    acc = (logits.argmax(dim=1) == yb).float().mean().item()
-    return loss, acc
+    loss, correct = 0.0, 0
+    for start in range(0, x.shape[0], batch_size):
+        logits = net(x[start:start + batch_size])
+        yb = y[start:start + batch_size]
+        loss += F.cross_entropy(logits, yb, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    return loss / max(x.shape[0], 1), correct / max(x.shape[0], 1)
+
+
+def train(
+    net: nn.Module, data, epochs: int, seed: int = 0, lr: float = 0.05, batch_size: int = 50
+) -> float:
+    """:func:`train_tensors` on a ``TensorDataset`` (the quickstarts' settings)."""
+    x, y = data.tensors
+    return train_tensors(net, x, y, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+
+
+def evaluate(net: nn.Module, data) -> tuple[float, float]:
+    """:func:`evaluate_tensors` on a ``TensorDataset``."""
+    return evaluate_tensors(net, *data.tensors)
