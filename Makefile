@@ -1,6 +1,6 @@
 # Two entry points, each does its own set-up on a fresh machine:
-#   make quickstart   the main job: a LIPS run with `flwr run` on offline data
-#   make test         the test suite (unit + real `flwr run` integration tests)
+#   make main   the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
+#   make test   the test suite (unit + real `flwr run` integration tests)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -9,9 +9,16 @@ STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-pins.txt | 
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup test test-unit quickstart clean
+.PHONY: setup data test test-unit main clean
 
-setup: $(STAMP)
+setup: $(STAMP) data
+
+# Offline Fashion-MNIST from Debian (as root); elsewhere the loader downloads it once.
+data:
+	@test -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	       && (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) ; } \
+	  || echo "note: dataset-fashion-mnist not installed; Fashion-MNIST will be downloaded"
 
 $(STAMP): pyproject.toml requirements-pins.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +35,9 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
 
-quickstart: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/run_quickstart.py
+main: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/paper/run_grid.py \
+	  examples/paper/conf/fashion-mnist-quick.toml --algorithms fedbn,lips --seeds 0
 
 clean:
 	rm -rf $(VENV)

@@ -5,12 +5,13 @@
 need flwr-datasets.
 """
 
-from .datasets import DATASETS, ImageDataset, client_split, load_dataset, read_idx
+from .datasets import DATASET_INFO, DATASETS, ImageDataset, client_split, load_dataset, read_idx
 from .digits import load_digits_client
 from .partition import class_proportions, low_data_indices
 
 __all__ = [
     "DATASETS",
+    "DATASET_INFO",
     "ImageDataset",
     "class_proportions",
     "client_split",

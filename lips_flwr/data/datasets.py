@@ -29,6 +29,11 @@ HF_NAMES = {
     "tinyimagenet": ("zh-plus/tiny-imagenet", "image", "label", "valid"),
 }
 DATASETS = ("fashion-mnist", "digits", *HF_NAMES)
+# (num_classes, channels): enough to build a model without loading the data.
+DATASET_INFO = {
+    "fashion-mnist": (10, 1), "digits": (10, 1),
+    "cifar10": (10, 3), "cifar100": (100, 3), "tinyimagenet": (200, 3),
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The LIPS paper's experimental setup as a Flower App."""

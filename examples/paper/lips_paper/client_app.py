@@ -1,0 +1,95 @@
+"""ClientApp: the paper's local training on each client's low-data split.
+
+FedBN (``fedbn_mod``) is on for every algorithm but ``fedavg``; ``lips_mod``
+reports local update norms (and masks in client mode). Each client evaluates
+its trained model on its own test set (``acc-before``, before aggregation)
+and the model it receives (``acc-after``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from lips_flwr.clients import fedbn_mod, lips_mod
+from lips_flwr.data import DATASET_INFO, client_split, load_dataset
+from lips_flwr.models import build_model
+from lips_flwr.training import evaluate_tensors, train_tensors
+from lips_paper.algorithms import algorithm
+
+torch.set_num_threads(1)  # many simulated clients share the CPU cores
+
+
+def fedbn_unless_fedavg(msg: Message, context: Context, call_next) -> Message:
+    """FedBN for every algorithm of the paper but plain FedAvg."""
+    if algorithm(str(context.run_config["algorithm"])).local_bn:
+        return fedbn_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[fedbn_unless_fedavg, lips_mod])
+
+
+def device_of(cfg) -> torch.device:
+    wanted = str(cfg["device"])
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(wanted)
+
+
+@functools.lru_cache(maxsize=None)
+def client_tensors(dataset: str, path: str, pid: int, samples: int, test_samples: int,
+                   alpha: float, seed: int, device: str):
+    """This client's normalised train/test tensors, built once per worker process."""
+    data = load_dataset(dataset, path or None, seed)
+    x, y, xt, yt = client_split(data, pid, samples, test_samples, alpha, seed)
+    mean = torch.tensor(data.mean).view(1, -1, 1, 1)
+    std = torch.tensor(data.std).view(1, -1, 1, 1)
+    prep = lambda a: ((torch.from_numpy(a).float() / 255 - mean) / std).to(device)  # noqa: E731
+    return prep(x), torch.from_numpy(y).to(device), prep(xt), torch.from_numpy(yt).to(device)
+
+
+def setup(msg: Message, context: Context):
+    cfg = context.run_config
+    device = device_of(cfg)
+    pid = int(context.node_config["partition-id"])
+    tensors = client_tensors(str(cfg["dataset"]), str(cfg["dataset-path"]), pid,
+                             int(cfg["samples-per-client"]), int(cfg["test-samples"]),
+                             float(cfg["alpha"]), int(cfg["seed"]), str(device))
+    num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
+    net = build_model(str(cfg["model"]), num_classes, channels)
+    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return cfg, pid, net.to(device), tensors
+
+
+def release(device_type: str) -> None:
+    if device_type == "cuda":  # idle Ray workers would otherwise keep the memory
+        torch.cuda.empty_cache()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg, pid, net, (x, y, xt, yt) = setup(msg, context)
+    rnd = int(msg.content["config"]["server-round"])
+    loss = train_tensors(
+        net, x, y, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
+        momentum=float(cfg["momentum"]), batch_size=int(cfg["batch-size"]),
+        augmentation=str(cfg["augment"]), seed=(int(cfg["seed"]) * 1_000_003 + rnd) * 1009 + pid,
+    )
+    _, acc_before = evaluate_tensors(net, xt, yt)
+    arrays = ArrayRecord({k: v.cpu() for k, v in net.state_dict().items()})
+    metrics = MetricRecord({"train-loss": loss, "acc-before": acc_before, "num-examples": int(x.shape[0])})
+    release(x.device.type)
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    _, _, net, (_, _, xt, yt) = setup(msg, context)
+    loss, acc = evaluate_tensors(net, xt, yt)
+    release(xt.device.type)
+    metrics = MetricRecord({"loss-after": loss, "acc-after": acc, "num-examples": int(xt.shape[0])})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

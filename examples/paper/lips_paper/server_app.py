@@ -1,0 +1,116 @@
+"""ServerApp: FedAvg (or FedBN, with the clients' fedbn_mod) wrapped by LIPS, recorded per round."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from lips_flwr.data import DATASET_INFO
+from lips_flwr.models import build_model
+from lips_flwr.results import write_json_atomic
+from lips_flwr.strategies import LIPS
+from lips_paper.algorithms import algorithm
+
+app = ServerApp()
+
+
+def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+    """Mean over clients, unweighted (the paper's client-mean accuracy); the weight key summed."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        for metrics in record.metric_records.values():
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values[key].append(float(value))
+    return MetricRecord({
+        key: int(sum(v)) if key == weighted_by_key else sum(v) / len(v) for key, v in values.items()
+    })
+
+
+def summarize(rounds: dict) -> dict:
+    """Last and best client-mean accuracy, after (received model) and before aggregation."""
+    out = {}
+    for kind, where, key in (("after", "evaluate", "acc-after"), ("before", "train", "acc-before")):
+        series = [(int(r), m[where][key]) for r, m in rounds.items() if key in m.get(where, {})]
+        if series:
+            series.sort()
+            out[f"acc-{kind}-last"] = series[-1][1]
+            out[f"acc-{kind}-best"] = max(a for _, a in series)
+    return out
+
+
+class RecordingLIPS(LIPS):
+    """LIPS that writes the run's JSON results file (atomically) after every round."""
+
+    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int, **kwargs):
+        super().__init__(strategy, **kwargs)
+        self.results_path, self.eval_every = results_path, eval_every
+        self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
+        self.started = time.perf_counter()
+
+    def _save(self, server_round: int, part: str, metrics) -> None:
+        entry = self.record["rounds"].setdefault(str(server_round), {})
+        entry[part] = dict(metrics or {})
+        entry["seconds"] = round(time.perf_counter() - self.started, 3)
+        self.record["summary"] = summarize(self.record["rounds"])
+        if self.results_path:
+            write_json_atomic(self.results_path, self.record)
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        self._save(server_round, "train", metrics)
+        return arrays, metrics
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        last = server_round == self.sparsifier.num_rounds
+        if server_round % self.eval_every and not last:
+            return []
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        metrics = super().aggregate_evaluate(server_round, replies)
+        if metrics is not None:
+            self._save(server_round, "evaluate", metrics)
+        return metrics
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    algo = algorithm(str(cfg["algorithm"]))  # ValueError for an unknown name, before any round
+    num_rounds = int(cfg["num-server-rounds"])
+    num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
+    torch.manual_seed(int(cfg["seed"]))  # the same initial model for every algorithm
+    net = build_model(str(cfg["model"]), num_classes, channels)
+    nodes = max(1, len(list(grid.get_node_ids())))
+    fedavg = FedAvg(
+        fraction_train=float(cfg["fraction-train"]),
+        fraction_evaluate=1.0,
+        min_train_nodes=1,
+        min_evaluate_nodes=nodes,
+        min_available_nodes=nodes,
+        train_metrics_aggr_fn=uniform_mean,
+        evaluate_metrics_aggr_fn=uniform_mean,
+    )
+    strategy = RecordingLIPS(
+        fedavg,
+        results_path=str(cfg["results-path"]),
+        run_config=dict(cfg),
+        eval_every=max(1, int(cfg["eval-every"])),
+        num_rounds=num_rounds,
+        tau0=float(cfg["tau0"]) if algo.score else 0.0,  # tau0 = 0 is the base strategy
+        every=int(cfg["every"]),
+        score=algo.score or "sensitivity",
+        seed=int(cfg["seed"]),
+    )
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(net.state_dict()),
+        num_rounds=num_rounds,
+        train_config=ConfigRecord({}),
+    )

@@ -1,0 +1,44 @@
+"""End-to-end: the paper app under `flwr run` on offline digits, with its results file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+APP = Path(__file__).resolve().parents[2] / "examples" / "paper"
+RUN_TIMEOUT_S = float(os.environ.get("LIPS_IT_RUN_TIMEOUT", "240"))
+
+
+def test_paper_app_runs_lips_and_records_every_round(flwr, tmp_path):
+    results = tmp_path / "lips-seed0.json"
+    run_config = (
+        "algorithm='lips' dataset='digits' model='digits-cnn' num-server-rounds=3 every=2 "
+        "tau0=0.5 samples-per-client=60 test-samples=80 alpha=0.5 local-epochs=1 batch-size=30 "
+        f"lr=0.05 results-path='{results}'"
+    )
+    run_id = flwr.run(APP, run_config, "num-supernodes=3 client-resources-num-cpus=1")
+    status = flwr.wait(run_id, timeout=RUN_TIMEOUT_S)
+    assert status == "finished:completed", flwr.logs(run_id)[-4000:]
+    data = json.loads(results.read_text())
+    assert data["run_config"]["algorithm"] == "lips"
+    rounds = data["rounds"]
+    assert sorted(rounds, key=int) == ["1", "2", "3"]
+    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 1]
+    for entry in rounds.values():
+        assert 0.0 <= entry["train"]["acc-before"] <= 1.0
+        assert 0.0 <= entry["evaluate"]["acc-after"] <= 1.0
+        assert entry["train"]["num-examples"] == 3 * 60
+        assert entry["seconds"] > 0
+    assert set(data["summary"]) == {"acc-after-last", "acc-after-best", "acc-before-last", "acc-before-best"}
+    assert data["summary"]["acc-after-best"] >= data["summary"]["acc-after-last"]
+
+
+def test_paper_app_rejects_an_unknown_algorithm(flwr, tmp_path):
+    run_id = flwr.run(APP, "algorithm='fedsomething' dataset='digits' model='digits-cnn' num-server-rounds=1",
+                      "num-supernodes=2 client-resources-num-cpus=1")
+    assert flwr.wait(run_id, timeout=RUN_TIMEOUT_S) != "finished:completed"
+    assert "`algorithm` must be one of" in flwr.logs(run_id)

@@ -1,0 +1,55 @@
+"""The paper app's grid table and plot, on synthetic results files (no Flower run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+
+
+def load(name):
+    sys.path.insert(0, str(PAPER))
+    spec = importlib.util.spec_from_file_location(name, PAPER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(folder: Path, algorithm: str, seed: int, accs: list[float]) -> None:
+    rounds = {str(r + 1): {"train": {"acc-before": a + 0.1}, "evaluate": {"acc-after": a}}
+              for r, a in enumerate(accs)}
+    summary = {"acc-after-last": accs[-1], "acc-after-best": max(accs),
+               "acc-before-last": accs[-1] + 0.1, "acc-before-best": max(accs) + 0.1}
+    data = {"run_config": {"algorithm": algorithm, "seed": seed}, "rounds": rounds, "summary": summary}
+    (folder / f"{algorithm}-seed{seed}.json").write_text(json.dumps(data))
+
+
+def test_table_reports_mean_std_and_paired_differences(tmp_path):
+    write_run(tmp_path, "fedbn", 0, [0.5, 0.6])
+    write_run(tmp_path, "fedbn", 1, [0.5, 0.7])
+    write_run(tmp_path, "lips", 0, [0.5, 0.65])
+    write_run(tmp_path, "lips", 1, [0.8, 0.75])
+    text = load("run_grid").table(tmp_path)
+    lips = next(line for line in text.splitlines() if line.startswith("lips"))
+    assert "0.7000 +- 0.0500" in lips  # last-round mean +- std over the two seeds
+    assert "+0.0500 (n=2)" in lips  # paired: (0.05 + 0.05) / 2
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path, "fedbn", 0, [0.5, 0.6, 0.7])
+    write_run(tmp_path, "lips", 0, [0.5, 0.65, 0.72])
+    out = load("plot").plot_accuracy(tmp_path)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_config_string_quotes_strings():
+    grid = load("run_grid")
+    assert grid.run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
+    assert grid.parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"]) == {
+        "num-server-rounds": 10, "dataset": "digits", "tau0": 0.7}
