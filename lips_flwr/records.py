@@ -26,11 +26,11 @@ def numpy_to_record(
     names in ``changed`` (saves re-serializing tensors that did not change).
     """
     if template is None:
-        return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
+        return ArrayRecord({n: Array(np.asarray(a, order="C")) for n, a in arrays.items()})
     changed = set(arrays if changed is None else changed)
     return ArrayRecord(
         {
-            name: Array(np.ascontiguousarray(arrays[name])) if name in changed else template[name]
+            name: Array(np.asarray(arrays[name], order="C")) if name in changed else template[name]
             for name in (template if order is None else order)
         }
     )

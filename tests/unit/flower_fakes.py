@@ -62,7 +62,7 @@ def client_models(global_model: dict, num_clients: int, seed: int) -> list[dict[
 
 
 def to_record(model: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in model.items()})
+    return ArrayRecord({k: Array(np.asarray(v, order="C")) for k, v in model.items()})
 
 
 def to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -303,3 +303,24 @@ def test_unknown_layer_names_fail_before_training():
     strategy = LIPS(FedAvg(), num_rounds=3, layers=["conv9.*"])
     with pytest.raises(ValueError, match="'conv9.\\*' matches no eligible tensor"):
         strategy.configure_train(1, to_record(tiny_model()), ConfigRecord(), grid())
+
+
+def test_zero_dimensional_arrays_keep_their_shape_through_the_cache_sync(caplog):
+    """``num_batches_tracked`` is 0-d: rebuilding FedAvgM's cache must not make it (1,).
+
+    Clients send the model's own shapes; a (1,) global would no longer fit them.
+    """
+    strategy = LIPS(FedAvgM(server_momentum=0.9), num_rounds=NUM_ROUNDS, every=1)
+    model = tiny_model()
+    assert model["bn1.num_batches_tracked"].shape == ()
+    arrays = to_record(model)
+    for rnd in (1, 2, 3):
+        list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid()))
+        sent = {k: v.reshape(model[k].shape) for k, v in to_numpy(arrays).items()}
+        with caplog.at_level(logging.WARNING):
+            arrays, metrics = strategy.aggregate_train(
+                rnd, [reply(m, n) for m, n in zip(client_models(sent, 3, seed=rnd), EXAMPLES)])
+        assert "ignoring reply" not in caplog.text
+        assert metrics["lips-mask-round"] == 1
+        assert arrays["bn1.num_batches_tracked"].numpy().shape == ()
+        assert to_numpy(strategy.strategy.current_arrays)["bn1.num_batches_tracked"].shape == ()
