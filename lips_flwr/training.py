@@ -53,10 +53,20 @@ def train_tensors(
     batch_size: int = 100,
     augmentation: str = "none",
     seed: int = 0,
+    decay_only: set[str] | None = None,
 ) -> float:
-    """SGD with a fresh optimizer (the paper's local training); returns the mean loss."""
+    """SGD with a fresh optimizer (the paper's local training); returns the mean loss.
+
+    ``decay_only``: parameter names that get ``weight_decay`` (default: all).
+    """
     generator = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    named = list(net.named_parameters())
+    decayed = [p for n, p in named if decay_only is None or n in decay_only]
+    others = [p for n, p in named if decay_only is not None and n not in decay_only]
+    groups = [{"params": decayed, "weight_decay": weight_decay}]
+    if others:
+        groups.append({"params": others, "weight_decay": 0.0})
+    opt = torch.optim.SGD(groups, lr=lr, momentum=momentum)
     net.train()
     total, count = 0.0, 0
     for _ in range(epochs):
@@ -97,3 +107,16 @@ def train(
 def evaluate(net: nn.Module, data) -> tuple[float, float]:
     """:func:`evaluate_tensors` on a ``TensorDataset``."""
     return evaluate_tensors(net, *data.tensors)
+
+
+def add_dropout(net: nn.Module, weight_names: list[str], p: float) -> list:
+    """Dropout (``p``) on the outputs of the modules owning ``weight_names``, in training only.
+
+    Returns the hook handles (``handle.remove()`` undoes it).
+    """
+    handles = []
+    for name in weight_names:
+        module = net.get_submodule(name.rsplit(".", 1)[0])
+        handles.append(module.register_forward_hook(
+            lambda m, _inputs, out: F.dropout(out, p, training=m.training)))
+    return handles

@@ -58,3 +58,33 @@ def test_results_are_written_atomically(tmp_path):
         write_json_atomic(path, {"bad": object.__new__(type("NoItem", (), {"item": 1}))})
     assert json.loads(path.read_text()) == {"n": 3, "x": 1.5}  # old file intact
     assert [p.name for p in path.parent.iterdir()] == ["results.json"]  # no temp left
+
+
+def test_weight_decay_only_on_named_parameters():
+    from lips_flwr.training import train_tensors
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    x, y = torch.zeros(8, 4), torch.zeros(8, dtype=torch.long)  # zero inputs: only decay moves layer 0
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    train_tensors(net, x, y, epochs=1, lr=0.1, momentum=0.0, weight_decay=0.5, batch_size=8,
+                  decay_only={"0.weight"})
+    after = dict(net.named_parameters())
+    torch.testing.assert_close(after["0.weight"], before["0.weight"] * (1 - 0.1 * 0.5))
+    torch.testing.assert_close(after["1.weight"], before["1.weight"])  # no gradient (zero input), no decay
+
+
+def test_dropout_hooks_act_in_training_only():
+    from lips_flwr.training import add_dropout
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(50, 50), torch.nn.Linear(50, 2))
+    handles = add_dropout(net, ["0.weight"], 0.5)
+    x = torch.ones(4, 50)
+    net.train()
+    hidden = net[0](x)
+    assert (hidden == 0).float().mean() > 0.3
+    net.eval()
+    assert (net[0](x) == 0).sum() == 0
+    for h in handles:
+        h.remove()

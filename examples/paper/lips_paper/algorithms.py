@@ -1,4 +1,10 @@
-"""What each ``algorithm`` run-config value means (shared by the ServerApp and ClientApp)."""
+"""What each ``algorithm`` run-config value means (shared by the ServerApp and ClientApp).
+
+Besides the paper's methods, the controls the reviewers asked for (spec
+section 10): FedBN with dropout or weight decay on the same middle layers,
+LIPS on all layers, and the freeze ablation (middle layers stop being
+aggregated after ``freeze-round``, the paper's Table 1).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,26 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Algorithm:
-    """``local_bn``: FedBN (batch norm stays on the client); ``score``: LIPS score or None."""
+    """How one algorithm differs from plain FedAvg."""
 
-    local_bn: bool
-    score: str | None
+    local_bn: bool = True          # FedBN: batch norm stays on the client
+    score: str | None = None       # LIPS score; None: no mask (tau0 = 0)
+    layers: str = "middle"         # which layers LIPS masks
+    dropout: bool = False          # dropout on the middle layers' outputs (run config `dropout`)
+    weight_decay: bool = False     # weight decay on the middle layers (run config `weight-decay`)
+    freeze: bool = False           # middle layers frozen after `freeze-round`
 
 
 ALGORITHMS = {
-    "fedavg": Algorithm(local_bn=False, score=None),
-    "fedbn": Algorithm(local_bn=True, score=None),
-    "lips": Algorithm(local_bn=True, score="sensitivity"),
-    "lips-random": Algorithm(local_bn=True, score="random"),
-    "lips-magnitude": Algorithm(local_bn=True, score="magnitude"),
+    "fedavg": Algorithm(local_bn=False),
+    "fedbn": Algorithm(),
+    "lips": Algorithm(score="sensitivity"),
+    "lips-random": Algorithm(score="random"),
+    "lips-magnitude": Algorithm(score="magnitude"),
+    "lips-all": Algorithm(score="sensitivity", layers="all"),
+    "fedbn-dropout": Algorithm(dropout=True),
+    "fedbn-wd": Algorithm(weight_decay=True),
+    "freeze": Algorithm(freeze=True),
 }
 
 

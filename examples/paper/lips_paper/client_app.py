@@ -16,8 +16,9 @@ from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod
 from lips_flwr.data import DATASET_INFO, client_split, load_dataset
+from lips_flwr.layers import select_layers
 from lips_flwr.models import build_model
-from lips_flwr.training import evaluate_tensors, train_tensors
+from lips_flwr.training import add_dropout, evaluate_tensors, train_tensors
 from lips_paper.algorithms import algorithm
 
 torch.set_num_threads(1)  # many simulated clients share the CPU cores
@@ -42,14 +43,22 @@ def device_of(cfg) -> torch.device:
 
 @functools.lru_cache(maxsize=None)
 def client_tensors(dataset: str, path: str, pid: int, samples: int, test_samples: int,
-                   alpha: float, seed: int, device: str):
-    """This client's normalised train/test tensors, built once per worker process."""
+                   alpha: float, seed: int, device: str, val_fraction: float):
+    """This client's normalised (train, val, test) tensor pairs, built once per worker process.
+
+    The validation split is carved from the client's own training samples
+    (hyperparameters are selected on it, never on the test sets).
+    """
     data = load_dataset(dataset, path or None, seed)
     x, y, xt, yt = client_split(data, pid, samples, test_samples, alpha, seed)
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
     prep = lambda a: ((torch.from_numpy(a).float() / 255 - mean) / std).to(device)  # noqa: E731
-    return prep(x), torch.from_numpy(y).to(device), prep(xt), torch.from_numpy(yt).to(device)
+    label = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    n_val = int(round(val_fraction * len(y)))
+    train = (prep(x[n_val:]), label(y[n_val:]))
+    val = (prep(x[:n_val]), label(y[:n_val]))
+    return train, val, (prep(xt), label(yt))
 
 
 def setup(msg: Message, context: Context):
@@ -58,7 +67,8 @@ def setup(msg: Message, context: Context):
     pid = int(context.node_config["partition-id"])
     tensors = client_tensors(str(cfg["dataset"]), str(cfg["dataset-path"]), pid,
                              int(cfg["samples-per-client"]), int(cfg["test-samples"]),
-                             float(cfg["alpha"]), int(cfg["seed"]), str(device))
+                             float(cfg["alpha"]), int(cfg["seed"]), str(device),
+                             float(cfg["val-fraction"]))
     num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
     net = build_model(str(cfg["model"]), num_classes, channels)
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
@@ -70,26 +80,40 @@ def release(device_type: str) -> None:
         torch.cuda.empty_cache()
 
 
+def accuracies(net, val, test, when: str) -> dict:
+    """Test (and validation, when carved) accuracy of ``net``, keyed ``acc-<when>``."""
+    loss, acc = evaluate_tensors(net, *test)
+    out = {f"acc-{when}": acc, f"loss-{when}": loss}
+    if val[1].numel():
+        out[f"val-acc-{when}"] = evaluate_tensors(net, *val)[1]
+    return out
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg, pid, net, (x, y, xt, yt) = setup(msg, context)
+    cfg, pid, net, (train_set, val, test) = setup(msg, context)
+    algo = algorithm(str(cfg["algorithm"]))
     rnd = int(msg.content["config"]["server-round"])
+    middle = select_layers({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}, "middle")
+    if algo.dropout:  # the reviewers' control: dropout on the layers LIPS would mask
+        add_dropout(net, middle, float(cfg["dropout"]))
     loss = train_tensors(
-        net, x, y, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
+        net, *train_set, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
         momentum=float(cfg["momentum"]), batch_size=int(cfg["batch-size"]),
         augmentation=str(cfg["augment"]), seed=(int(cfg["seed"]) * 1_000_003 + rnd) * 1009 + pid,
+        weight_decay=float(cfg["weight-decay"]) if algo.weight_decay else 0.0,
+        decay_only=set(middle) if algo.weight_decay else None,
     )
-    _, acc_before = evaluate_tensors(net, xt, yt)
+    metrics = {"train-loss": loss, "num-examples": int(train_set[1].shape[0]),
+               **accuracies(net, val, test, "before")}
     arrays = ArrayRecord({k: v.cpu() for k, v in net.state_dict().items()})
-    metrics = MetricRecord({"train-loss": loss, "acc-before": acc_before, "num-examples": int(x.shape[0])})
-    release(x.device.type)
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    release(train_set[0].device.type)
+    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    _, _, net, (_, _, xt, yt) = setup(msg, context)
-    loss, acc = evaluate_tensors(net, xt, yt)
-    release(xt.device.type)
-    metrics = MetricRecord({"loss-after": loss, "acc-after": acc, "num-examples": int(xt.shape[0])})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    _, _, net, (_, val, test) = setup(msg, context)
+    metrics = {**accuracies(net, val, test, "after"), "num-examples": int(test[1].shape[0])}
+    release(test[0].device.type)
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

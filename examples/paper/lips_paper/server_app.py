@@ -12,6 +12,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.data import DATASET_INFO
 from lips_flwr.models import build_model
+from lips_flwr.records import record_to_numpy
 from lips_flwr.results import write_json_atomic
 from lips_flwr.strategies import LIPS
 from lips_paper.algorithms import algorithm
@@ -33,23 +34,28 @@ def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecor
 
 
 def summarize(rounds: dict) -> dict:
-    """Last and best client-mean accuracy, after (received model) and before aggregation."""
+    """Last and best client-mean accuracy, after (received model) and before aggregation.
+
+    Test (``acc-*``) and, when a validation split is carved, validation (``val-acc-*``).
+    """
     out = {}
-    for kind, where, key in (("after", "evaluate", "acc-after"), ("before", "train", "acc-before")):
-        series = [(int(r), m[where][key]) for r, m in rounds.items() if key in m.get(where, {})]
-        if series:
-            series.sort()
-            out[f"acc-{kind}-last"] = series[-1][1]
-            out[f"acc-{kind}-best"] = max(a for _, a in series)
+    for prefix in ("acc", "val-acc"):
+        for kind, where in (("after", "evaluate"), ("before", "train")):
+            key = f"{prefix}-{kind}"
+            series = sorted((int(r), m[where][key]) for r, m in rounds.items() if key in m.get(where, {}))
+            if series:
+                out[f"{key}-last"] = series[-1][1]
+                out[f"{key}-best"] = max(a for _, a in series)
     return out
 
 
 class RecordingLIPS(LIPS):
     """LIPS that writes the run's JSON results file (atomically) after every round."""
 
-    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int, **kwargs):
+    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int,
+                 freeze_after: int | None = None, **kwargs):
         super().__init__(strategy, **kwargs)
-        self.results_path, self.eval_every = results_path, eval_every
+        self.results_path, self.eval_every, self.freeze_after = results_path, eval_every, freeze_after
         self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
         self.started = time.perf_counter()
 
@@ -62,7 +68,12 @@ class RecordingLIPS(LIPS):
             write_json_atomic(self.results_path, self.record)
 
     def aggregate_train(self, server_round, replies):
+        previous = self._lips_previous
         arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None and self.freeze_after is not None and server_round > self.freeze_after:
+            # The freeze ablation: middle layers keep the value they had after freeze_after.
+            frozen = self.sparsifier.layer_names(record_to_numpy(previous))
+            arrays = ArrayRecord({n: previous[n] if n in frozen else a for n, a in arrays.items()})
         self._save(server_round, "train", metrics)
         return arrays, metrics
 
@@ -102,10 +113,12 @@ def main(grid: Grid, context: Context) -> None:
         results_path=str(cfg["results-path"]),
         run_config=dict(cfg),
         eval_every=max(1, int(cfg["eval-every"])),
+        freeze_after=int(cfg["freeze-round"]) if algo.freeze else None,
         num_rounds=num_rounds,
         tau0=float(cfg["tau0"]) if algo.score else 0.0,  # tau0 = 0 is the base strategy
         every=int(cfg["every"]),
         score=algo.score or "sensitivity",
+        layers=algo.layers,
         seed=int(cfg["seed"]),
     )
     strategy.start(
