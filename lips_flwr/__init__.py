@@ -3,8 +3,9 @@
 The algorithm lives in plain numpy modules with no ``flwr`` import
 (:mod:`~lips_flwr.schedule`, :mod:`~lips_flwr.scores`, :mod:`~lips_flwr.layers`,
 :mod:`~lips_flwr.masking`, :mod:`~lips_flwr.inertia`,
-:mod:`~lips_flwr.sparsifier`, :mod:`~lips_flwr.local`); the Flower adapters
-are in :mod:`lips_flwr.strategies` and :mod:`lips_flwr.clients`.
+:mod:`~lips_flwr.sparsifier`, :mod:`~lips_flwr.local`,
+:mod:`~lips_flwr.validation`); the Flower adapters are in
+:mod:`lips_flwr.strategies` and :mod:`lips_flwr.clients`.
 """
 
 from .layers import batch_norm_names, candidate_names, select_layers

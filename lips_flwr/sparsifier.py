@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import numbers
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .layers import LayerSpec, select_layers, validate_layers
+from .layers import LayerSpec, is_candidate, select_layers, validate_layers
 from .masking import model_update, sparsify
 from .schedule import DECAYS, MaskSchedule
 from .scores import validate_score
+from .validation import arrays_mismatch, nonfinite_arrays
 
 MODES = ("server", "client")
 LIPS_OPTIONS = (
@@ -117,11 +118,19 @@ class TransientSparsifier:
         return self._schedule
 
     def layer_names(self, arrays: Mapping[str, np.ndarray]) -> list[str]:
-        """The tensors to sparsify in this model (cached per model signature)."""
-        signature = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items())
+        """The tensors to sparsify in this model.
+
+        The choice is made on the first model seen with these names and
+        shapes (the adapters show the initial global model first) and kept
+        while they stay the same, whatever the dtypes become: Flower's
+        Message API FedAvg returns integer buffers as float64, which must not
+        make them eligible from round 2 on. A kept layer is skipped in a model
+        where it is no longer eligible.
+        """
+        signature = tuple((n, np.shape(a)) for n, a in arrays.items())
         if self._layer_cache is None or self._layer_cache[0] != signature:
             self._layer_cache = (signature, select_layers(arrays, self.layers))
-        return self._layer_cache[1]
+        return [n for n in self._layer_cache[1] if is_candidate(n, arrays[n])]
 
     def client_config(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> dict:
         """The ``lips-*`` keys of this round's train config."""
@@ -145,12 +154,19 @@ class TransientSparsifier:
         server_round: int,
         aggregate: Mapping[str, np.ndarray],
         previous: Mapping[str, np.ndarray] | None,
+        *,
+        on_skip: Callable[[str], None] | None = None,
     ) -> tuple[dict[str, np.ndarray] | None, dict[str, int | float]]:
         """Sparsify the aggregate of a mask round (server mode).
 
         Returns the sparsified model, or ``None`` when nothing changes (client
         mode, rounds that are not mask rounds, ``tau == 0``), and the round's
         ``lips-*`` metrics.
+
+        An aggregate with NaN or Inf in a floating-point tensor (or whose
+        update ``dw`` has them in a layer to mask) is not masked: ranking
+        garbage would hide it. The round then reports ``lips-mask-round`` 0
+        and ``lips-skipped`` 1, and ``on_skip`` is called with the reason.
         """
         start = time.perf_counter()
         tau = self.schedule.tau(server_round)
@@ -163,22 +179,31 @@ class TransientSparsifier:
         if self.masks_aggregate(server_round):
             layers = self.layer_names(aggregate)
             updates = None
-            if self.score == "sensitivity":
-                if previous is None:
-                    raise RuntimeError(
-                        "LIPS needs the previous global model to compute the update "
-                        "dw; configure_train was not called before aggregate_train"
-                    )
+            if self.score == "sensitivity" and previous is None:
+                raise RuntimeError(
+                    "LIPS needs the previous global model to compute the update "
+                    "dw; configure_train was not called before aggregate_train"
+                )
+            reason = _nonfinite_reason("the aggregate", aggregate)
+            if reason is None and self.score == "sensitivity":
                 updates = model_update(aggregate, previous, layers)
-            masked, zeros = sparsify(
-                aggregate,
-                layers,
-                tau,
-                score=self.score,
-                updates=updates,
-                seed=self.seed,
-                salt=(server_round,),
-            )
+                reason = _nonfinite_reason(
+                    "the update dw (aggregate - previous global model)", updates)
+            if reason is None:
+                masked, zeros = sparsify(
+                    aggregate,
+                    layers,
+                    tau,
+                    score=self.score,
+                    updates=updates,
+                    seed=self.seed,
+                    salt=(server_round,),
+                )
+            else:
+                metrics["lips-mask-round"] = 0
+                metrics["lips-skipped"] = 1
+                if on_skip is not None:
+                    on_skip(reason)
         metrics["lips-zeros"] = int(sum(zeros.values()))
         metrics["lips-layers-masked"] = len(zeros)
         metrics.update({f"lips-zeros/{name}": int(z) for name, z in zeros.items()})
@@ -202,22 +227,10 @@ class TransientSparsifier:
         ]
 
 
-def arrays_mismatch(expected: Mapping[str, tuple], received: Mapping[str, tuple]) -> str | None:
-    """Why a reply's arrays do not fit the global model, or ``None`` if they do.
-
-    Both arguments map names to shapes. Names and shapes must match; order is
-    not checked (Flower's aggregation matches by name).
-    """
-    missing = [n for n in expected if n not in received]
-    extra = [n for n in received if n not in expected]
-    if missing or extra:
-        parts = [f"missing arrays {missing[:5]}"] if missing else []
-        parts += [f"unexpected arrays {extra[:5]}"] if extra else []
-        return "; ".join(parts)
-    for name, shape in expected.items():
-        if tuple(received[name]) != tuple(shape):
-            return f"array {name!r} has shape {tuple(received[name])}, expected {tuple(shape)}"
-    return None
+def _nonfinite_reason(what: str, arrays: Mapping[str, np.ndarray]) -> str | None:
+    """Why ``arrays`` must not be ranked (NaN/Inf in a float tensor), or ``None``."""
+    bad = nonfinite_arrays(arrays)
+    return f"{what} has NaN or Inf in {bad[:5]}" if bad else None
 
 
 __all__: Sequence[str] = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -38,12 +38,35 @@ def sparsify_aggregate(
     to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
     from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any],
 ) -> tuple[dict[str, np.ndarray] | None, dict[str, int | float]]:
-    """Sparsify a mask round's aggregate and put its zeros into the chain's caches."""
-    masked, metrics = sparsifier.after_aggregation(server_round, aggregate, previous)
+    """Sparsify a mask round's aggregate and put its zeros into the chain's caches.
+
+    An aggregate with NaN or Inf is returned unmasked, with an ERROR log: the
+    wrapped strategy produced it, and LIPS neither hides it under a mask nor
+    stops a run that the wrapped strategy alone would continue.
+    """
+
+    def on_skip(reason: str) -> None:
+        log(ERROR, "LIPS: round %d not masked: %s; the aggregate of %s is returned "
+            "unchanged", server_round, reason, type(_inner(owner)).__name__)
+
+    masked, metrics = sparsifier.after_aggregation(
+        server_round, aggregate, previous, on_skip=on_skip)
     if masked is not None:
         masks = {n: masked[n] == 0 for n in masked if masked[n] is not aggregate[n]}
         sync_cached_models(owner, before, masks, to_numpy, from_numpy)
     return masked, metrics
+
+
+def _inner(owner: Any) -> Any:
+    """The strategy LIPS wraps (``owner`` itself for the FedAvg subclasses)."""
+    return getattr(owner, "strategy", owner)
+
+
+def log_no_aggregate(server_round: int, sparsifier: TransientSparsifier) -> None:
+    """A mask round without aggregate (no reply, all failed or rejected) masks nothing."""
+    if sparsifier.masks_aggregate(server_round):
+        log(WARNING, "LIPS: round %d has no aggregate (no usable reply): nothing masked; "
+            "the global model stays as it was", server_round)
 
 
 def log_round(server_round: int, metrics: dict, mode: str, client_reports: int) -> None:

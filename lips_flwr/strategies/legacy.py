@@ -8,7 +8,6 @@ default rank-based layer rule, which needs no names.
 
 from __future__ import annotations
 
-from io import BytesIO
 from logging import WARNING
 from typing import Any
 
@@ -29,23 +28,13 @@ from flwr.server.strategy import FedAvg, Strategy
 from flwr.common import log
 
 from ..layers import LayerSpec
-from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
+from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
+from ..validation import model_shapes, names_problem, reply_problem
 from ._cache_sync import snapshot_caches
-from ._common import check_model, log_round, log_settings, sparsify_aggregate
+from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
 
 FitResults = list[tuple[ClientProxy, FitRes]]
 FitFailures = list[tuple[ClientProxy, FitRes] | BaseException]
-
-
-def npy_shape(tensor: bytes) -> tuple[int, ...]:
-    """Shape of a serialized ``.npy`` array, read from its header only."""
-    stream = BytesIO(tensor)
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        return tuple(np.lib.format.read_array_header_1_0(stream)[0])
-    if version == (2, 0):
-        return tuple(np.lib.format.read_array_header_2_0(stream)[0])
-    return tuple(np.load(BytesIO(tensor), allow_pickle=False).shape)  # rare: read it all
 
 
 class _LegacyLIPSMixin:
@@ -102,9 +91,17 @@ class _LegacyLIPSMixin:
         names = self._names(parameters)
         if self._lips_previous is None:  # the legacy server never calls summary()
             self.summary()
-            check_model(self.sparsifier, self._to_numpy(parameters))
+            model = self._to_numpy(parameters)
+            reason = names_problem(model) if self.param_names is not None else None
+            if reason is not None:
+                raise ValueError(
+                    f"`param_names` do not match the model's arrays: {reason}; pass the "
+                    "names in the order the clients send them (e.g. "
+                    "list(net.state_dict().keys()))"
+                )
+            check_model(self.sparsifier, model)
         self._lips_previous = parameters
-        self._lips_shapes = {n: npy_shape(t) for n, t in zip(names, parameters.tensors)}
+        self._lips_shapes = model_shapes(dict(zip(names, parameters.tensors)))
         needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
         model = self._to_numpy(parameters) if needs_model else {}
         extra = self.sparsifier.client_config(server_round, model)
@@ -112,7 +109,12 @@ class _LegacyLIPSMixin:
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
 
     def _split_mismatched(self, results: FitResults, failures: FitFailures) -> FitResults:
-        """Move (and log) results whose arrays do not fit the global model to failures."""
+        """Move (and log) results that do not fit the global model or hold bad values to failures.
+
+        The same checks as the Message API adapter (:func:`lips_flwr.validation.reply_problem`):
+        count, shapes, readable real-number arrays without NaN/Inf, and a
+        positive, finite ``num_examples``.
+        """
         if self._lips_shapes is None:
             return results
         names = list(self._lips_shapes)
@@ -122,10 +124,8 @@ class _LegacyLIPSMixin:
             if len(tensors) != len(names):
                 reason = f"{len(tensors)} arrays, expected {len(names)}"
             else:
-                try:
-                    reason = arrays_mismatch(self._lips_shapes, {n: npy_shape(t) for n, t in zip(names, tensors)})
-                except ValueError as err:
-                    reason = f"unreadable array ({err})"
+                reason = reply_problem(self._lips_shapes, dict(zip(names, tensors)),
+                                       res.num_examples, "num_examples")
             if reason is None:
                 kept.append((proxy, res))
             else:
@@ -142,6 +142,7 @@ class _LegacyLIPSMixin:
         before = snapshot_caches(self)
         parameters, metrics = super().aggregate_fit(server_round, results, failures)  # type: ignore[misc]
         if parameters is None:
+            log_no_aggregate(server_round, self.sparsifier)
             return parameters, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate = self._to_numpy(parameters) if masks else {}

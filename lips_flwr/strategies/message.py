@@ -14,9 +14,10 @@ from flwr.common import log
 
 from ..layers import LayerSpec
 from ..records import numpy_to_record, record_to_numpy
-from ..sparsifier import LIPS_OPTIONS, TransientSparsifier, arrays_mismatch
-from ._cache_sync import snapshot_caches
-from ._common import check_model, log_round, log_settings, sparsify_aggregate
+from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
+from ..validation import MISSING, model_shapes, reply_problem, serialization_problem
+from ._cache_sync import snapshot_caches, strategy_chain
+from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
 
 
 def _cached_to_numpy(value: Any) -> dict[str, np.ndarray] | None:
@@ -77,19 +78,47 @@ class _LIPSMixin:
         config.update(self.sparsifier.client_config(server_round, model))
         return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
 
+    def _weight_key(self) -> str | None:
+        """The MetricRecord key the wrapped chain weights replies by (FedAvg's ``weighted_by_key``)."""
+        for inner in strategy_chain(self):
+            key = getattr(inner, "weighted_by_key", None)
+            if isinstance(key, str):
+                return key
+        return None
+
+    def _reply_problem(self, msg: Message, expected: dict, weight_key: str | None) -> str | None:
+        """Why a reply must not be aggregated (see :func:`lips_flwr.validation.reply_problem`)."""
+        records = list(msg.content.array_records.values())
+        if len(records) != 1:
+            return f"expected one ArrayRecord, got {len(records)}"
+        reason = serialization_problem({n: a.stype for n, a in records[0].items()})
+        if reason is not None:
+            return reason
+        num_examples = None
+        if weight_key is not None:  # FedAvg and its family need one MetricRecord with the key
+            metrics = list(msg.content.metric_records.values())
+            if len(metrics) != 1:
+                return f"expected one MetricRecord, got {len(metrics)}"
+            num_examples = metrics[0].get(weight_key, MISSING)
+        tensors = {n: a.data for n, a in records[0].items()}
+        return reply_problem(expected, tensors, num_examples, weight_key or "num-examples")
+
     def _drop_mismatched(self, replies: list[Message]) -> list[Message]:
-        """Drop (and log) replies whose arrays do not fit the global model."""
+        """Drop (and log) replies that do not fit the global model or hold bad values.
+
+        Names, count and shapes must match the global model; arrays must be
+        numpy-serialized real numbers without NaN/Inf; when the wrapped
+        strategy weights by a metric (``weighted_by_key``), the reply needs one
+        MetricRecord with a positive, finite value for it.
+        """
         if self._lips_previous is None:
             return replies
-        expected = {name: tuple(a.shape) for name, a in self._lips_previous.items()}
+        expected = model_shapes({name: a.data for name, a in self._lips_previous.items()})
+        weight_key = self._weight_key()
         kept = []
         for msg in replies:
             if not msg.has_error():
-                records = list(msg.content.array_records.values())
-                reason = (
-                    f"expected one ArrayRecord, got {len(records)}" if len(records) != 1
-                    else arrays_mismatch(expected, {n: tuple(a.shape) for n, a in records[0].items()})
-                )
+                reason = self._reply_problem(msg, expected, weight_key)
                 if reason is not None:
                     log(WARNING, "LIPS: ignoring reply from node %s: %s",
                         msg.metadata.src_node_id, reason)
@@ -105,6 +134,7 @@ class _LIPSMixin:
         before = snapshot_caches(self)
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
         if arrays is None:
+            log_no_aggregate(server_round, self.sparsifier)
             return arrays, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate, previous = {}, None
