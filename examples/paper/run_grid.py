@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import tomllib
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "paper")
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
+    # A terminated grid must still stop its SuperLink (the `with` below does on SystemExit).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seeds = [int(s) for s in args.seeds.split(",")]
     algorithms = args.algorithms.split(",")
     out = args.out.resolve()
