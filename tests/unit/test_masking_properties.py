@@ -193,3 +193,83 @@ def test_sparsify_zeroes_the_lowest_scores(model, tau, score, seed):
         got = set(np.flatnonzero(out[name].reshape(-1) == 0).tolist())
         assert got == reference_zero_set(w, ref, k)
         assert zeros.get(name, 0) == k
+
+
+# --------------------------------------------------------------------------- edge-case models
+ODD_FLOATS = st.sampled_from([np.float16, np.float32, np.float64, np.dtype(">f4")])
+ODD_INTS = st.sampled_from([np.int8, np.int32, np.int64, np.uint8, np.bool_])
+
+
+@st.composite
+def odd_models(draw):
+    """Models with what real ones rarely have: empty and 0-d tensors, small integer and
+    bool tensors of rank >= 2, big-endian floats."""
+    model = {}
+    for i in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["weight", "empty", "scalar", "int"]))
+        if kind == "weight":
+            shape = draw(WEIGHT_SHAPES)
+            model[f"l{i}.weight"] = draw(hnp.arrays(
+                draw(ODD_FLOATS), shape, elements=st.floats(-10, 10, allow_nan=False, width=16)))
+        elif kind == "empty":
+            model[f"l{i}.weight"] = np.zeros((0, draw(st.integers(1, 4))), draw(ODD_FLOATS))
+        elif kind == "scalar":
+            model[f"l{i}.scale"] = np.array(draw(st.floats(-1, 1, width=16)), draw(ODD_FLOATS))
+        else:
+            model[f"l{i}.table"] = draw(hnp.arrays(draw(ODD_INTS), (3, 4)))
+    return model
+
+
+@SETTINGS
+@given(
+    model=odd_models(),
+    tau=TAUS,
+    score=st.sampled_from(["sensitivity", "magnitude", "random"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_sparsify_properties_on_edge_case_models(model, tau, score, seed):
+    copies = {k: v.copy() for k, v in model.items()}
+    layers = select_layers(model, "all")
+    assert all(model[n].dtype.kind == "f" and model[n].ndim >= 2 for n in layers)
+    rng = np.random.default_rng(seed)
+    updates = {n: rng.normal(size=model[n].shape).astype(np.float32) for n in layers}
+    out, zeros = sparsify(model, layers, tau, score=score, updates=updates, seed=seed)
+    for name in model:
+        k = expected_count(model[name].size, tau)
+        if not zeros.get(name):  # integer, bool, 0-d, empty (counted 0), or tau = 0
+            assert k == 0 or name not in layers
+            assert out[name] is model[name]
+            continue
+        assert zeros[name] == k
+        assert int((out[name] == 0).sum()) == max(k, int((model[name] == 0).sum()))
+        assert out[name].dtype == model[name].dtype and out[name].shape == model[name].shape
+    assert all(name in layers for name in zeros)
+    for name in model:
+        np.testing.assert_array_equal(model[name], copies[name])  # inputs not mutated
+    # determinism: the global numpy RNG and the order of `updates` play no part
+    np.random.seed(seed % 1000)
+    np.random.random(7)
+    again, zeros_again = sparsify(model, layers, tau, score=score, seed=seed,
+                                  updates=dict(reversed(list(updates.items()))))
+    assert zeros_again == zeros
+    for name in model:
+        np.testing.assert_array_equal(again[name], out[name])
+
+
+@SETTINGS
+@given(model=models(), tau=st.floats(0.01, 1.0), seed=st.integers(0, 2**32 - 1))
+def test_sparsify_refuses_ineligible_tensors_whoever_picks_them(model, tau, seed):
+    """Naming an integer, rank-1 or batch-norm tensor raises before anything is masked."""
+    ineligible = [n for n in model if n not in candidate_names(model)]
+    if not ineligible:
+        return
+    layers = candidate_names(model) + ineligible[:1]
+    copies = {k: v.copy() for k, v in model.items()}
+    try:
+        sparsify(model, layers, tau, score="random", seed=seed)
+    except ValueError as err:
+        assert "not eligible" in str(err)
+    else:
+        raise AssertionError(f"{ineligible[0]!r} was accepted")
+    for name in model:
+        np.testing.assert_array_equal(model[name], copies[name])
