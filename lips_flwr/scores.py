@@ -27,7 +27,8 @@ def sensitivity_score(weights: np.ndarray, update: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"update shape {update.shape} does not match weights shape {weights.shape}"
         )
-    return np.abs(_as_score_dtype(update) * _as_score_dtype(weights))
+    product = _as_score_dtype(update) * _as_score_dtype(weights)
+    return np.abs(product, out=product)  # in place: one temporary less
 
 
 def magnitude_score(weights: np.ndarray) -> np.ndarray:

@@ -8,7 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from lips_flwr.masking import lowest_indices, mask_lowest, model_update, num_zeros, sparsify
+from lips_flwr.masking import (
+    kth_smallest, lowest_indices, mask_lowest, model_update, num_zeros, sparsify,
+)
 from lips_flwr.schedule import MaskSchedule
 
 FLOATS = [np.float16, np.float32, np.float64]
@@ -445,3 +447,81 @@ def test_sparsify_already_sparse_weights_stay_zero():
     out, zeros = sparsify(model, ["mid.weight"], 0.5, score="magnitude")  # k = 144
     assert int((out["mid.weight"] == 0).sum()) == 144
     assert zero_positions(w) <= zero_positions(out["mid.weight"])
+
+
+# ------------------------------------------------- mask_lowest: the branch-free zeroing
+def _mask_lowest_by_indices(weights, scores, tau):
+    """The straightforward implementation: a copy, then fancy-index assignment."""
+    k = num_zeros(weights.size, tau)
+    if k == 0:
+        return weights, 0
+    scores = np.where(weights == 0, -np.inf, scores)
+    masked = np.array(weights, copy=True, order="C")
+    masked.reshape(-1)[lowest_indices(scores, k)] = 0
+    return masked, k
+
+
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", ">f4", ">f8", np.longdouble])
+@pytest.mark.parametrize("tau", [0.01, 0.3, 0.5, 1.0])
+def test_mask_lowest_is_bitwise_equal_to_index_assignment(dtype, tau):
+    rng = np.random.default_rng(7)
+    weights = rng.normal(size=(6, 5, 3, 3)).astype(dtype)
+    flat = weights.reshape(-1)
+    flat[::11] = 0
+    flat[1::13] = -0.0
+    flat[2::17] = np.nan
+    flat[3::19] = -np.inf
+    flat[4::23] = 1e-30  # subnormal in float32, 0 in float16
+    scores = np.abs(rng.normal(size=weights.shape))
+    scores.reshape(-1)[5::7] = 0.25  # ties
+    for w in (weights, weights.transpose(2, 0, 3, 1)):  # contiguous and not
+        s = scores.transpose(2, 0, 3, 1) if w is not weights else scores
+        got, k = mask_lowest(w, s, tau)
+        want, k_want = _mask_lowest_by_indices(w, s, tau)
+        assert k == k_want and got.dtype == want.dtype and got.shape == want.shape
+        assert got.flags.c_contiguous
+        assert got.tobytes() == want.tobytes()  # bit for bit: NaN payloads, -0.0, +0.0
+
+
+# --------------------------------------------- kth_smallest: sampled bracket, exact result
+def _large_score_arrays():
+    rng = np.random.default_rng(3)
+    n = 50_000
+    normal = np.abs(rng.normal(size=n)).astype(np.float32)
+    with_nan = normal.copy()
+    with_nan[rng.integers(0, n, 5_000)] = np.nan
+    mostly_nan = np.full(n, np.nan)
+    mostly_nan[:100] = 1.0
+    zeros_first = normal.copy()
+    zeros_first[: n // 2] = -np.inf  # already-zero weights rank -inf
+    periodic = np.tile(np.arange(6, dtype=np.float64), n // 6)  # aliased with the stride
+    return {
+        "normal": normal,
+        "with nan": with_nan,
+        "mostly nan": mostly_nan,
+        "half -inf": zeros_first,
+        "sorted": np.sort(normal),
+        "reversed": np.sort(normal)[::-1].copy(),
+        "periodic": periodic,
+        "constant": np.ones(n, np.float32),
+        "few values": rng.integers(0, 3, n).astype(np.float32),
+        "random f64": rng.random(n),
+        "int scores": rng.integers(-5, 5, n),
+    }
+
+
+@pytest.mark.parametrize("name", list(_large_score_arrays()))
+def test_kth_smallest_equals_partition(name):
+    flat = _large_score_arrays()[name]
+    n = flat.size
+    for kth in (0, 1, n // 100, n // 10, n // 3, n // 2, n - 101, n - 1):
+        got, want = kth_smallest(flat, kth), np.partition(flat, kth)[kth]
+        assert (np.isnan(got) and np.isnan(want)) or got == want, (name, kth)
+
+
+@pytest.mark.parametrize("name", ["normal", "with nan", "half -inf", "few values", "periodic"])
+def test_lowest_indices_large_match_stable_argsort(name):
+    flat = _large_score_arrays()[name]
+    for k in (1, flat.size // 7, flat.size // 2):
+        expected = np.sort(np.argsort(flat, kind="stable")[:k])  # NaN sorts last
+        np.testing.assert_array_equal(lowest_indices(flat, k), expected)
