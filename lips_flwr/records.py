@@ -7,10 +7,25 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from .validation import NUMPY_SERIALIZATION, read_npy
+
 
 def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     """``name -> ndarray`` copy of an ArrayRecord, in its order."""
     return {name: array.numpy() for name, array in record.items()}
+
+
+def record_views(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``name -> ndarray`` of an ArrayRecord, in its order, as read-only views.
+
+    No copy, no header parsed twice (:func:`lips_flwr.validation.read_npy`):
+    for arrays that are only read (updates, scores, norms). Use
+    :func:`record_to_numpy` for arrays that will be written or handed on.
+    """
+    return {
+        name: read_npy(array.data) if array.stype == NUMPY_SERIALIZATION else array.numpy()
+        for name, array in record.items()
+    }
 
 
 def numpy_to_record(

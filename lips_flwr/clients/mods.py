@@ -20,7 +20,7 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 
 from ..layers import batch_norm_names
-from ..records import numpy_to_record, record_to_numpy
+from ..records import numpy_to_record, record_views
 from .state import after_training, before_training, restore_local, save_local
 
 ClientAppCallable = Callable[[Message, Context], Message]
@@ -61,7 +61,7 @@ def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     key, record = found
     config_found = _single(msg, ConfigRecord)
     config = config_found[1] if config_found else {}
-    received = record_to_numpy(record)
+    received = record_views(record)  # read-only, no copy: LIPS reads; masking copies
     try:
         start, mask_metrics, round_config = before_training(
             context.state, received, config, (context.node_id,)
@@ -80,7 +80,7 @@ def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
         log(WARNING, "lips_mod: the reply's arrays do not match the received ones; "
                      "local update not tracked this round")
         return reply
-    metrics = after_training(context.state, start, record_to_numpy(out[1]), round_config)
+    metrics = after_training(context.state, start, record_views(out[1]), round_config)
     metrics.update(mask_metrics)
     for metric_record in reply.content.metric_records.values():
         metric_record.update(metrics)

@@ -15,7 +15,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from ..inertia import update_norms
 from ..local import ClientRoundConfig, client_mask, local_update, parse_round_config
-from ..records import numpy_to_record, record_to_numpy
+from ..records import numpy_to_record, record_views
 
 SIGNAL_KEY = "lips-signal"        # ArrayRecord: last local update (candidate layers)
 SIGNAL_ROUND_KEY = "lips-signal-round"  # ConfigRecord: {"round": server round of that update}
@@ -52,7 +52,7 @@ def before_training(
         return dict(arrays), {}, round_config
     signal, signal_round = None, None
     if SIGNAL_KEY in state:
-        signal = record_to_numpy(state[SIGNAL_KEY])
+        signal = record_views(state[SIGNAL_KEY])
         signal_round = int(state[SIGNAL_ROUND_KEY]["round"])
     masked, zeros, used = client_mask(arrays, round_config, signal, signal_round, salt)
     metrics = {

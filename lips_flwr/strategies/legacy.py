@@ -20,7 +20,6 @@ from flwr.common import (
     Parameters,
     Scalar,
     ndarrays_to_parameters,
-    parameters_to_ndarrays,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -29,7 +28,7 @@ from flwr.common import log
 
 from ..layers import LayerSpec
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
-from ..validation import model_shapes, names_problem, reply_problem
+from ..validation import model_shapes, names_problem, read_npy, reply_problem
 from ._cache_sync import snapshot_caches
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
 
@@ -73,7 +72,8 @@ class _LegacyLIPSMixin:
         return self.param_names
 
     def _to_numpy(self, parameters: Parameters) -> dict[str, np.ndarray]:
-        return dict(zip(self._names(parameters), parameters_to_ndarrays(parameters)))
+        # Read-only views of the serialized bytes, no copy: LIPS only reads these.
+        return dict(zip(self._names(parameters), map(read_npy, parameters.tensors)))
 
     def summary(self) -> None:
         """Log the LIPS settings in Flower's log-tree style."""

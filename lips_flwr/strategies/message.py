@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.common import log
 
 from ..layers import LayerSpec
-from ..records import numpy_to_record, record_to_numpy
+from ..records import numpy_to_record, record_to_numpy, record_views
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import MISSING, model_shapes, reply_problem, serialization_problem
 from ._cache_sync import snapshot_caches, strategy_chain
@@ -141,12 +141,13 @@ class _LIPSMixin:
         if masks:
             # Layers are chosen in the global model's order: the aggregate's
             # follows whichever client replied first.
-            unordered = record_to_numpy(arrays)
+            # Read-only views of the records' bytes: sparsify copies what it masks.
+            unordered = record_views(arrays)
             order = list(self._lips_previous) if self._lips_previous is not None else []
             order = order if set(order) == set(unordered) else list(unordered)
             aggregate = {name: unordered[name] for name in order}
             if self._lips_previous is not None:
-                previous = record_to_numpy(self._lips_previous)
+                previous = record_views(self._lips_previous)
         masked, lips_metrics = sparsify_aggregate(
             self, self.sparsifier, server_round, aggregate, previous, before,
             _cached_to_numpy, _numpy_to_cached,
@@ -154,10 +155,12 @@ class _LIPSMixin:
         if masked is not None:
             changed = [n for n in masked if masked[n] is not aggregate[n]]
             arrays = numpy_to_record(masked, arrays, changed, order=list(masked))
-        reports = sum(
-            any("lips-client-zeros" in m for m in msg.content.metric_records.values())
-            for msg in replies if not msg.has_error()
-        )
+        reports = 0  # only a client-mode mask round logs it: count only then
+        if self.sparsifier.mode == "client" and lips_metrics.get("lips-mask-round"):
+            reports = sum(
+                any("lips-client-zeros" in m for m in msg.content.metric_records.values())
+                for msg in replies if not msg.has_error()
+            )
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
         metrics = MetricRecord() if metrics is None else metrics
         for key, value in lips_metrics.items():
