@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .layers import LayerSpec, is_candidate, select_layers, validate_layers
+from .inertia import InertiaTracker
+from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import model_update, sparsify
 from .schedule import DECAYS, MaskSchedule
 from .scores import validate_score
@@ -24,6 +25,7 @@ from .validation import arrays_mismatch, nonfinite_arrays
 MODES = ("server", "client")
 LIPS_OPTIONS = (
     "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
+    "inertia_t0",
 )
 
 # Keys of the per-round train config sent to clients (all start with "lips-").
@@ -61,6 +63,10 @@ class TransientSparsifier:
         to clients, which mask their own copy (the authors' code).
     seed : int (default: 0)
         Seed of the random score.
+    inertia_t0 : int, optional
+        Track layer-wise inertia (:class:`lips_flwr.inertia.InertiaTracker`)
+        with this reference round (the paper uses 2); ``None``: off. Costs one
+        pass over the model per round and two copies of its weight tensors.
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class TransientSparsifier:
         layers: LayerSpec = "middle",
         mode: str = "server",
         seed: int = 0,
+        inertia_t0: int | None = None,
     ) -> None:
         # Validate everything up front, even when num_rounds comes later.
         if num_rounds is None:  # validate the rest now; T comes with start()
@@ -99,6 +106,17 @@ class TransientSparsifier:
         if num_rounds is not None:
             self.set_num_rounds(num_rounds)
         self._layer_cache: tuple[tuple, list[str]] | None = None
+        self.inertia = None if inertia_t0 is None else InertiaTracker(inertia_t0)
+
+    def needs_aggregate(self, server_round: int) -> bool:
+        """Whether the adapters must hand this round's aggregate over as numpy."""
+        return self.masks_aggregate(server_round) or self.inertia is not None
+
+    def observe(self, server_round: int, model: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Inertia metrics of the model broadcast after ``server_round`` (empty when off)."""
+        if self.inertia is None:
+            return {}
+        return self.inertia.update(server_round, model, candidate_names(model))
 
     def set_num_rounds(self, num_rounds: int) -> None:
         """Fix ``T``, the schedule's horizon."""
@@ -224,6 +242,7 @@ class TransientSparsifier:
             ("Score", self.score),
             ("Layers", layers),
             ("Seed", self.seed),
+            ("Inertia metrics", "off" if self.inertia is None else f"t0={self.inertia.t0}"),
         ]
 
 

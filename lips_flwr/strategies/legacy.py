@@ -145,16 +145,17 @@ class _LegacyLIPSMixin:
             log_no_aggregate(server_round, self.sparsifier)
             return parameters, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
-        aggregate = self._to_numpy(parameters) if masks else {}
+        aggregate = self._to_numpy(parameters) if self.sparsifier.needs_aggregate(server_round) else {}
         previous = None
         if masks and self._lips_previous is not None:
             previous = self._to_numpy(self._lips_previous)
         masked, lips_metrics = sparsify_aggregate(
-            self, self.sparsifier, server_round, aggregate, previous, before,
+            self, self.sparsifier, server_round, aggregate if masks else {}, previous, before,
             self._cached_to_numpy, self._numpy_to_cached,
         )
         if masked is not None:
             parameters = ndarrays_to_parameters(list(masked.values()))
+        lips_metrics.update(self.sparsifier.observe(server_round, masked or aggregate))
         reports = sum("lips-client-zeros" in (res.metrics or {}) for _, res in results)
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
         return parameters, {**(metrics or {}), **lips_metrics}
@@ -236,7 +237,7 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         count. Needed for name-based ``layers``; the default rule uses shapes.
     num_rounds : int
         ``T`` of the schedule: the ``num_rounds`` of the ``ServerConfig``.
-    tau0, every, start_round, decay, score, layers, mode, seed
+    tau0, every, start_round, decay, score, layers, mode, seed, inertia_t0
         As in :class:`lips_flwr.strategies.LIPS`.
     """
 
@@ -254,6 +255,7 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         layers: LayerSpec = "middle",
         mode: str = "server",
         seed: int = 0,
+        inertia_t0: int | None = None,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
@@ -263,7 +265,7 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         self.strategy = strategy
         self._init_lips(param_names, dict(
             num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
-            decay=decay, score=score, layers=layers, mode=mode, seed=seed,
+            decay=decay, score=score, layers=layers, mode=mode, seed=seed, inertia_t0=inertia_t0,
         ))
 
     def __repr__(self) -> str:

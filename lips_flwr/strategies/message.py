@@ -138,7 +138,7 @@ class _LIPSMixin:
             return arrays, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate, previous = {}, None
-        if masks:
+        if self.sparsifier.needs_aggregate(server_round):
             # Layers are chosen in the global model's order: the aggregate's
             # follows whichever client replied first.
             # Read-only views of the records' bytes: sparsify copies what it masks.
@@ -146,15 +146,16 @@ class _LIPSMixin:
             order = list(self._lips_previous) if self._lips_previous is not None else []
             order = order if set(order) == set(unordered) else list(unordered)
             aggregate = {name: unordered[name] for name in order}
-            if self._lips_previous is not None:
+            if masks and self._lips_previous is not None:
                 previous = record_views(self._lips_previous)
         masked, lips_metrics = sparsify_aggregate(
-            self, self.sparsifier, server_round, aggregate, previous, before,
+            self, self.sparsifier, server_round, aggregate if masks else {}, previous, before,
             _cached_to_numpy, _numpy_to_cached,
         )
         if masked is not None:
             changed = [n for n in masked if masked[n] is not aggregate[n]]
             arrays = numpy_to_record(masked, arrays, changed, order=list(masked))
+        lips_metrics.update(self.sparsifier.observe(server_round, masked or aggregate))
         reports = 0  # only a client-mode mask round logs it: count only then
         if self.sparsifier.mode == "client" and lips_metrics.get("lips-mask-round"):
             reports = sum(
@@ -240,6 +241,10 @@ class LIPS(_LIPSMixin, _Wrapper):
         ``"server"`` or ``"client"``.
     seed : int (default: 0)
         Seed of the random score.
+    inertia_t0 : int, optional
+        Add per-layer inertia metrics (``inertia-cos-t0/<layer>``: cosine
+        similarity to the model of round ``inertia_t0``; ``inertia-cos-prev/<layer>``;
+        ``inertia-step/<layer>``) to each round's train metrics; ``None``: off.
     """
 
     def __init__(
@@ -255,6 +260,7 @@ class LIPS(_LIPSMixin, _Wrapper):
         layers: LayerSpec = "middle",
         mode: str = "server",
         seed: int = 0,
+        inertia_t0: int | None = None,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
@@ -264,7 +270,7 @@ class LIPS(_LIPSMixin, _Wrapper):
         self.strategy = strategy
         self.sparsifier = TransientSparsifier(
             num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
-            decay=decay, score=score, layers=layers, mode=mode, seed=seed,
+            decay=decay, score=score, layers=layers, mode=mode, seed=seed, inertia_t0=inertia_t0,
         )
 
     def __repr__(self) -> str:

@@ -241,3 +241,13 @@ def test_bad_param_names_and_parameters_are_clear_errors():
     odd.tensor_type = "torch.Tensor"
     with pytest.raises(ValueError, match="tensor_type"):
         LegacyLIPS(FedAvg(), num_rounds=3).configure_fit(1, odd, client_manager(3))
+
+
+def test_inertia_metrics_match_the_message_api():
+    history = run_rounds(LegacyLIPS(FedAvg(), param_names=NAMES, num_rounds=NUM_ROUNDS, inertia_t0=1),
+                         num_rounds=3)
+    m3 = history[2][2]
+    after1, after3 = history[0][1], history[2][1]
+    a, b = after3["conv2.weight"].ravel(), after1["conv2.weight"].ravel()
+    expected = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    assert m3["inertia-cos-t0/conv2.weight"] == pytest.approx(expected, rel=1e-5)

@@ -324,3 +324,19 @@ def test_zero_dimensional_arrays_keep_their_shape_through_the_cache_sync(caplog)
         assert metrics["lips-mask-round"] == 1
         assert arrays["bn1.num_batches_tracked"].numpy().shape == ()
         assert to_numpy(strategy.strategy.current_arrays)["bn1.num_batches_tracked"].shape == ()
+
+
+def test_inertia_metrics_per_round_and_layer():
+    history = run_rounds(LIPS(FedAvg(), num_rounds=NUM_ROUNDS, inertia_t0=2), num_rounds=4)
+    assert not any(k.startswith("inertia-") for k in history[0][2])  # round 1: nothing to compare
+    m3 = history[2][2]
+    layers = ["conv1.weight", *MIDDLE, "fc.weight"]
+    assert sorted(k for k in m3 if k.startswith("inertia-cos-t0/")) == sorted(
+        f"inertia-cos-t0/{n}" for n in layers)
+    after2, after3 = history[1][1], history[2][1]
+    cos = float((after3["fc.weight"] * after2["fc.weight"]).sum()
+                / (np.linalg.norm(after3["fc.weight"]) * np.linalg.norm(after2["fc.weight"])))
+    assert m3["inertia-cos-t0/fc.weight"] == pytest.approx(cos, rel=1e-5)
+    assert m3["inertia-step/fc.weight"] == pytest.approx(
+        np.linalg.norm((after3["fc.weight"] - after2["fc.weight"]).astype(np.float64)), rel=1e-5)
+    assert all(0.0 < history[3][2][f"inertia-cos-prev/{n}"] <= 1.0 + 1e-9 for n in layers)

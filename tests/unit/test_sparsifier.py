@@ -45,6 +45,7 @@ def test_key_names():
     assert MODES == ("server", "client")
     assert set(LIPS_OPTIONS) == {
         "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
+        "inertia_t0",
     }
 
 
