@@ -105,7 +105,8 @@ def main() -> None:
     algorithms = args.algorithms.split(",")
     out = args.out.resolve()
     folders = []
-    with local_flower(out / ".flwr_home", pythonpath=[str(ROOT)], cwd=ROOT) as flower:
+    # examples/paper on PYTHONPATH: Ray workers on other machines import the ClientApp from there.
+    with local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(APP)], cwd=ROOT) as flower:
         for conf_path in args.confs:
             conf = tomllib.loads(conf_path.read_text())
             nodes = args.num_supernodes or conf.pop("federation", {}).get("num-supernodes", 10)
