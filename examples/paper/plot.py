@@ -1,6 +1,7 @@
-"""Accuracy curves per algorithm (mean +- std over seeds) from the paper app's results files.
+"""Accuracy curves per algorithm (mean +- std over seeds) and inertia heatmaps from results files.
 
-    python examples/paper/plot.py results/paper/fashion-mnist-quick   # writes accuracy.png there
+    python examples/paper/plot.py results/paper/fashion-mnist-quick             # accuracy.png
+    python examples/paper/plot.py results/paper/fashion-mnist-quick --heatmaps  # + <run>-heatmap.png
 """
 
 from __future__ import annotations
@@ -64,11 +65,52 @@ def plot_accuracy(folder: Path, out: Path | None = None) -> Path:
     return out
 
 
+def plot_heatmap(results: Path, out: Path | None = None, key: str = "inertia-cos-t0") -> Path:
+    """Layers x rounds heatmap of one run's cosine similarity to round t0 (the paper's Figure 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(results.read_text())
+    rounds = sorted(data["rounds"], key=int)
+    layers: list[str] = []
+    for r in rounds:
+        for name in data["rounds"][r].get("train", {}):
+            if name.startswith(f"{key}/") and name[len(key) + 1:] not in layers:
+                layers.append(name[len(key) + 1:])
+    if not layers:
+        raise ValueError(f"{results} has no {key}/* metrics (run with inertia-t0 > 0)")
+    grid = np.full((len(layers), len(rounds)), np.nan)
+    for j, r in enumerate(rounds):
+        train = data["rounds"][r].get("train", {})
+        for i, layer in enumerate(layers):
+            grid[i, j] = train.get(f"{key}/{layer}", np.nan)
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(layers) + 1.8))
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=np.nanmin(grid), vmax=1.0,
+                      extent=(int(rounds[0]) - 0.5, int(rounds[-1]) + 0.5, len(layers) - 0.5, -0.5))
+    ax.set_yticks(range(len(layers)), layers, fontsize=7)
+    ax.set_xlabel("round")
+    cfg = data["run_config"]
+    ax.set_title(f"{cfg.get('algorithm')} seed {cfg.get('seed')}: {key} (t0={cfg.get('inertia-t0')})")
+    fig.colorbar(image, ax=ax, label="cosine similarity")
+    out = out or results.with_name(results.stem + "-heatmap.png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path)
-    for folder in parser.parse_args().folders:
+    parser.add_argument("--heatmaps", action="store_true", help="also one heatmap per results file")
+    args = parser.parse_args()
+    for folder in args.folders:
         print(plot_accuracy(folder))
+        if args.heatmaps:
+            for results in sorted(folder.glob("*.json")):
+                print(plot_heatmap(results))
 
 
 if __name__ == "__main__":

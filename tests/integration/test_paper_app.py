@@ -35,6 +35,29 @@ def test_paper_app_runs_lips_and_records_every_round(flwr, tmp_path):
         assert entry["seconds"] > 0
     assert set(data["summary"]) == {"acc-after-last", "acc-after-best", "acc-before-last", "acc-before-best"}
     assert data["summary"]["acc-after-best"] >= data["summary"]["acc-after-last"]
+    # inertia-t0 = 2 (default): round 3 is compared with round 2, layer by layer
+    assert {k for k in rounds["3"]["train"] if k.startswith("inertia-cos-t0/")} == {
+        f"inertia-cos-t0/{n}" for n in ("conv1.weight", "conv2.weight", "conv3.weight", "fc.weight")}
+
+
+def test_freeze_control_keeps_middle_layers_and_reports_validation(flwr, tmp_path):
+    """The freeze ablation after round 1, with a validation split carved from training data."""
+    results = tmp_path / "freeze-seed0.json"
+    run_config = (
+        "algorithm='freeze' freeze-round=1 inertia-t0=1 val-fraction=0.25 dataset='digits' "
+        "model='digits-cnn' num-server-rounds=3 samples-per-client=60 test-samples=80 alpha=0.5 "
+        f"local-epochs=1 batch-size=30 lr=0.05 results-path='{results}'"
+    )
+    run_id = flwr.run(APP, run_config, "num-supernodes=3 client-resources-num-cpus=1")
+    assert flwr.wait(run_id, timeout=RUN_TIMEOUT_S) == "finished:completed", flwr.logs(run_id)[-4000:]
+    data = json.loads(results.read_text())
+    for rnd in ("2", "3"):
+        train = data["rounds"][rnd]["train"]
+        assert train["num-examples"] == 3 * 45  # 60 samples, 15 kept for validation
+        for layer in ("conv2.weight", "conv3.weight"):  # the middle layers: frozen
+            assert train[f"inertia-step/{layer}"] == 0.0
+        assert train["inertia-step/fc.weight"] > 0.0  # the classifier still learns
+    assert {"val-acc-after-last", "val-acc-before-best"} <= set(data["summary"])
 
 
 def test_paper_app_rejects_an_unknown_algorithm(flwr, tmp_path):

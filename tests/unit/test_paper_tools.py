@@ -53,3 +53,17 @@ def test_run_config_string_quotes_strings():
     assert grid.run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
     assert grid.parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"]) == {
         "num-server-rounds": 10, "dataset": "digits", "tau0": 0.7}
+
+
+def test_heatmap_from_a_results_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    rounds = {str(r): {"train": {"inertia-cos-t0/conv1.weight": 1 - 0.01 * r,
+                                 "inertia-cos-t0/fc.weight": 1 - 0.05 * r}} for r in range(3, 8)}
+    path = tmp_path / "lips-seed0.json"
+    path.write_text(json.dumps({"run_config": {"algorithm": "lips", "seed": 0, "inertia-t0": 2},
+                                "rounds": rounds, "summary": {}}))
+    out = load("plot").plot_heatmap(path)
+    assert out.name == "lips-seed0-heatmap.png" and out.read_bytes()[:4] == b"\x89PNG"
+    path.write_text(json.dumps({"run_config": {}, "rounds": {"1": {"train": {}}}, "summary": {}}))
+    with pytest.raises(ValueError, match="no inertia-cos-t0"):
+        load("plot").plot_heatmap(path)

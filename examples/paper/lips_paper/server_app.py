@@ -11,6 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.data import DATASET_INFO
+from lips_flwr.layers import select_layers
 from lips_flwr.models import build_model
 from lips_flwr.records import record_to_numpy
 from lips_flwr.results import write_json_atomic
@@ -49,13 +50,36 @@ def summarize(rounds: dict) -> dict:
     return out
 
 
+class FreezeMiddleFedAvg(FedAvg):
+    """The freeze ablation (paper Table 1): after ``freeze_after``, middle layers stop being aggregated.
+
+    They keep the value they had after round ``freeze_after``; the other
+    layers are averaged as usual.
+    """
+
+    def __init__(self, *, freeze_after: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.freeze_after = freeze_after
+        self.current: ArrayRecord | None = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.current = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None and self.current is not None and server_round > self.freeze_after:
+            middle = set(select_layers(record_to_numpy(self.current), "middle"))
+            arrays = ArrayRecord({n: self.current[n] if n in middle else a for n, a in arrays.items()})
+        return arrays, metrics
+
+
 class RecordingLIPS(LIPS):
     """LIPS that writes the run's JSON results file (atomically) after every round."""
 
-    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int,
-                 freeze_after: int | None = None, **kwargs):
+    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int, **kwargs):
         super().__init__(strategy, **kwargs)
-        self.results_path, self.eval_every, self.freeze_after = results_path, eval_every, freeze_after
+        self.results_path, self.eval_every = results_path, eval_every
         self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
         self.started = time.perf_counter()
 
@@ -68,12 +92,7 @@ class RecordingLIPS(LIPS):
             write_json_atomic(self.results_path, self.record)
 
     def aggregate_train(self, server_round, replies):
-        previous = self._lips_previous
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if arrays is not None and self.freeze_after is not None and server_round > self.freeze_after:
-            # The freeze ablation: middle layers keep the value they had after freeze_after.
-            frozen = self.sparsifier.layer_names(record_to_numpy(previous))
-            arrays = ArrayRecord({n: previous[n] if n in frozen else a for n, a in arrays.items()})
         self._save(server_round, "train", metrics)
         return arrays, metrics
 
@@ -99,7 +118,11 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(int(cfg["seed"]))  # the same initial model for every algorithm
     net = build_model(str(cfg["model"]), num_classes, channels)
     nodes = max(1, len(list(grid.get_node_ids())))
-    fedavg = FedAvg(
+    base, extra = FedAvg, {}
+    if algo.freeze:
+        base, extra = FreezeMiddleFedAvg, {"freeze_after": int(cfg["freeze-round"])}
+    fedavg = base(
+        **extra,
         fraction_train=float(cfg["fraction-train"]),
         fraction_evaluate=1.0,
         min_train_nodes=1,
@@ -113,12 +136,12 @@ def main(grid: Grid, context: Context) -> None:
         results_path=str(cfg["results-path"]),
         run_config=dict(cfg),
         eval_every=max(1, int(cfg["eval-every"])),
-        freeze_after=int(cfg["freeze-round"]) if algo.freeze else None,
         num_rounds=num_rounds,
         tau0=float(cfg["tau0"]) if algo.score else 0.0,  # tau0 = 0 is the base strategy
         every=int(cfg["every"]),
         score=algo.score or "sensitivity",
         layers=algo.layers,
+        inertia_t0=int(cfg["inertia-t0"]) if int(cfg["inertia-t0"]) > 0 else None,
         seed=int(cfg["seed"]),
     )
     strategy.start(
