@@ -11,7 +11,7 @@ it never zeroes its whole model.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,15 +61,21 @@ def parse_round_config(config: Mapping) -> ClientRoundConfig | None:
     return parsed
 
 
+def iter_local_update(
+    received: Mapping[str, np.ndarray], trained: Mapping[str, np.ndarray]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, trained - received)`` for every candidate tensor, one at a time."""
+    for name in candidate_names(received):
+        if name in trained and np.shape(trained[name]) == received[name].shape:
+            dtype = np.result_type(received[name], np.float32)
+            yield name, np.subtract(trained[name], received[name], dtype=dtype)
+
+
 def local_update(
     received: Mapping[str, np.ndarray], trained: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """``trained - received`` for every candidate tensor (rank >= 2 floats)."""
-    return {
-        name: np.subtract(trained[name], received[name], dtype=np.result_type(received[name], np.float32))
-        for name in candidate_names(received)
-        if name in trained and np.shape(trained[name]) == received[name].shape
-    }
+    return dict(iter_local_update(received, trained))
 
 
 def client_mask(

@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from ..inertia import update_norms
-from ..local import ClientRoundConfig, client_mask, local_update, parse_round_config
+from ..local import ClientRoundConfig, client_mask, iter_local_update, parse_round_config
 from ..records import numpy_to_record, record_views
 
 SIGNAL_KEY = "lips-signal"        # ArrayRecord: last local update (candidate layers)
@@ -73,11 +73,15 @@ def after_training(
     Returns the update norms as metrics: ``lips-update-norm`` (all candidate
     layers) and ``lips-update-norm/<name>`` per layer.
     """
-    delta = local_update(start, trained)
-    norms = update_norms(delta)
+    keep = round_config is not None and round_config.mode == "client"
+    delta, norms = {}, {}
+    for name, update in iter_local_update(start, trained):  # a layer at a time: in server
+        norms.update(update_norms({name: update}))          # mode no update outlives its norm
+        if keep:
+            delta[name] = update
     metrics = {"lips-update-norm": float(np.sqrt(sum(v * v for v in norms.values())))}
     metrics.update({f"lips-update-norm/{name}": value for name, value in norms.items()})
-    if round_config is not None and round_config.mode == "client":
+    if keep:
         state[SIGNAL_KEY] = numpy_to_record(delta)
         state[SIGNAL_ROUND_KEY] = ConfigRecord({"round": round_config.server_round})
     return metrics
