@@ -112,7 +112,19 @@ def stop_superlink(log_file: Path, grace_s: float = 5.0) -> list[int]:
     SIGTERM to the SuperLink first (it shuts down its SuperExec and the
     simulation), then SIGTERM to whatever is left, then SIGKILL.
     """
-    roots = find_superlinks(log_file)
+    return stop_tree(find_superlinks(log_file), grace_s)
+
+
+def stop_tree(roots: list[int], grace_s: float = 5.0) -> list[int]:
+    """Terminate the processes ``roots`` and their trees; returns every pid found.
+
+    The tree is each root's descendants and, for a root started in a session
+    of its own (``start_new_session=True``), every member of that session,
+    even one whose parent has exited. SIGTERM to the roots first (Flower's
+    processes shut down their own children), then SIGTERM to whatever is
+    left, then SIGKILL; a pid is only signalled while it still belongs to
+    the process that was found (same start time).
+    """
     procs = _tree(roots)
     for targets in ({p: procs[p] for p in roots if p in procs}, None):
         _signal_all(procs if targets is None else targets, signal.SIGTERM)
@@ -122,6 +134,18 @@ def stop_superlink(log_file: Path, grace_s: float = 5.0) -> list[int]:
         procs.update(_tree(list(_alive(procs))))  # children spawned meanwhile
     _signal_all(_alive(procs), signal.SIGKILL)
     return sorted(procs)
+
+
+def find_processes(needle: str) -> list[int]:
+    """Pids of live processes, other than this one, whose command line contains ``needle``."""
+    table = _proc_table()
+    return sorted(
+        pid
+        for pid, (_, _, start) in table.items()
+        if pid != os.getpid()
+        and any(needle in arg for arg in _cmdline(pid))
+        and _alive({pid: start})
+    )
 
 
 def _free_port() -> int:
