@@ -1,0 +1,290 @@
+"""Server overhead of LIPS: the aggregation step with LIPS vs the bare inner FedAvg.
+
+For each model size (the paper's ResNet8, 1.26M parameters; ResNet-18, 11.2M)
+and each Flower API, 100 client replies (``Mock(spec=Message)`` with real
+ArrayRecords as in tests/unit/flower_fakes.py; legacy: real ``FitRes``) are
+aggregated by
+
+- Message API: ``FedAvg()`` vs ``LIPS(FedAvg())``,
+- legacy API: ``FedAvg()`` vs ``LegacyLIPS(FedAvg(), param_names=...)``,
+
+on a mask round (round 1, tau = 0.5) and a round without a mask (round 2),
+interleaved round-robin. Reported per case:
+
+- the median seconds of each, and the median of the paired ratios;
+- LIPS's own seconds inside the same call (the LIPS call minus the time its
+  inner FedAvg took in that call), and ``1 + own / bare``: the ratio without
+  the noise of two separate calls;
+- extra peak memory: tracemalloc peak of the LIPS call minus that of the bare
+  call, for 10, 50 and 100 replies, in MB and in model sizes (float32 bytes).
+
+Then the masking throughput: ``lips_flwr.masking.sparsify`` on the model's
+middle layers, in bytes of those layers per second, against ``np.copy`` of the
+same arrays (a memory-bandwidth baseline).
+
+    python benchmarks/bench_server.py                    # both models, ~5 minutes on 2 cores
+    python benchmarks/bench_server.py --models resnet8 --reps 9
+"""
+
+from __future__ import annotations
+
+import one_thread  # noqa: F401  (first: one BLAS thread, set before numpy loads)
+
+import argparse
+import time
+
+import numpy as np
+
+from common import (
+    MB, client_models, code_line, load_line, machine_line, make_model, median, nbytes, num_params, paired_ratio,
+    paired_times, peak_bytes, quiet_flower, table,
+)
+
+from unittest.mock import Mock
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from lips_flwr.layers import select_layers
+from lips_flwr.masking import model_update, sparsify
+from lips_flwr.strategies import LIPS, LegacyLIPS
+
+try:  # Messages built by configure_train need the identity of a running task
+    from flwr.supercore.task_identity import TaskIdentity
+except ImportError:
+    TaskIdentity = None
+
+NUM_ROUNDS = 300  # the paper's T; rounds 1, 6, 11, ... mask
+ROUNDS = ((1, "mask"), (2, "no mask"))
+
+
+# ----- replies, as in tests/unit/flower_fakes.py -----
+
+def to_record(model: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in model.items()})
+
+
+def reply(model: dict[str, np.ndarray], num_examples: int, node_id: int) -> Message:
+    msg = Mock(spec=Message)
+    msg.content = RecordDict({
+        "arrays": to_record(model),
+        "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 0.5}),
+    })
+    msg.has_error.return_value = False
+    msg.metadata.src_node_id = node_id
+    return msg
+
+
+def fit_result(model: dict[str, np.ndarray], num_examples: int, cid: str):
+    proxy = Mock(spec=ClientProxy)
+    proxy.cid = cid
+    res = FitRes(status=Status(code=Code.OK, message=""),
+                 parameters=ndarrays_to_parameters(list(model.values())),
+                 num_examples=num_examples, metrics={})
+    return proxy, res
+
+
+def grid(num_nodes: int) -> Grid:
+    g = Mock(spec=Grid)
+    g.get_node_ids.return_value = list(range(1, num_nodes + 1))
+    return g
+
+
+def client_manager(num_clients: int) -> ClientManager:
+    proxies = []
+    for i in range(num_clients):
+        p = Mock(spec=ClientProxy)
+        p.cid = str(i + 1)
+        proxies.append(p)
+    manager = Mock(spec=ClientManager)
+    manager.num_available.return_value = num_clients
+    manager.sample.return_value = proxies
+    return manager
+
+
+# ----- strategies that time their own aggregation -----
+
+class TimedFedAvg(FedAvg):
+    last = 0.0
+
+    def aggregate_train(self, server_round, replies):
+        start = time.perf_counter()
+        out = super().aggregate_train(server_round, replies)
+        self.last = time.perf_counter() - start
+        return out
+
+
+class TimedLegacyFedAvg(LegacyFedAvg):
+    last = 0.0
+
+    def aggregate_fit(self, server_round, results, failures):
+        start = time.perf_counter()
+        out = super().aggregate_fit(server_round, results, failures)
+        self.last = time.perf_counter() - start
+        return out
+
+
+# ----- measurements -----
+
+def measure(api: str, model_name: str, clients: int, reps: int, memory_clients: list[int]) -> list[dict]:
+    base = make_model(model_name, seed=0)
+    names = list(base)
+    trained = client_models(base, clients)
+    bare_inner, lips_inner = (TimedFedAvg(), TimedFedAvg()) if api == "message" else (
+        TimedLegacyFedAvg(), TimedLegacyFedAvg())
+    if api == "message":
+        previous = to_record(base)
+        replies = [reply(m, 100, i + 1) for i, m in enumerate(trained)]
+        lips = LIPS(lips_inner, num_rounds=NUM_ROUNDS)
+        g = grid(clients)
+
+        def configure(rnd):
+            lips.configure_train(rnd, previous, ConfigRecord(), g)
+
+        def call(strategy, rnd, n=clients):
+            return strategy.aggregate_train(rnd, replies[:n])
+    else:
+        previous = ndarrays_to_parameters(list(base.values()))
+        results = [fit_result(m, 100, str(i + 1)) for i, m in enumerate(trained)]
+        lips = LegacyLIPS(lips_inner, param_names=names, num_rounds=NUM_ROUNDS)
+        manager = client_manager(clients)
+
+        def configure(rnd):
+            lips.configure_fit(rnd, previous, manager)
+
+        def call(strategy, rnd, n=clients):
+            return strategy.aggregate_fit(rnd, results[:n], [])
+
+    # Time the reply checks (dropping replies that do not fit) apart from the rest.
+    check_name = "_drop_mismatched" if api == "message" else "_split_mismatched"
+    checks: list[float] = []
+    if hasattr(lips, check_name):
+        original = getattr(lips, check_name)
+
+        def timed_check(*args, **kwargs):
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            checks.append(time.perf_counter() - start)
+            return out
+
+        setattr(lips, check_name, timed_check)
+
+    rows = []
+    for rnd, kind in ROUNDS:
+        configure(rnd)
+        own: list[float] = []
+        checks.clear()
+
+        # LIPS's own time = the LIPS call minus its inner FedAvg in the same call.
+        def timed_lips():
+            start = time.perf_counter()
+            call(lips, rnd)
+            own.append(time.perf_counter() - start - lips_inner.last)
+
+        times = paired_times({"bare": lambda: call(bare_inner, rnd), "lips": timed_lips}, reps)
+        own, check = own[-reps:], checks[-reps:] or [0.0]
+        memory = {}
+        for n in memory_clients:
+            bare_peak = peak_bytes(lambda: call(bare_inner, rnd, n))
+            lips_peak = peak_bytes(lambda: call(lips, rnd, n))
+            memory[n] = (bare_peak, lips_peak)
+        rows.append({
+            "api": api, "model": model_name, "round": kind, "clients": clients,
+            "params": num_params(base), "model_bytes": nbytes(base),
+            "bare": median(times["bare"]), "lips": median(times["lips"]),
+            "ratio": paired_ratio(times["lips"], times["bare"]),
+            "own": median(own), "own_ratio": 1 + median(own) / median(times["bare"]),
+            "check": median(check),
+            "memory": memory,
+        })
+    return rows
+
+
+def masking_throughput(model_name: str, reps: int) -> dict:
+    prev = make_model(model_name, seed=0)
+    new = next(client_models(prev, 1, seed=2))
+    layers = select_layers(new)
+    arrays = [new[n] for n in layers]
+    size = sum(a.nbytes for a in arrays)
+    updates = model_update(new, prev, layers)
+    variants = {
+        "np.copy": lambda: [np.copy(a) for a in arrays],
+        "dw = new - old": lambda: model_update(new, prev, layers),
+        "sparsify sensitivity": lambda: sparsify(new, layers, 0.5, score="sensitivity", updates=updates),
+        "sparsify magnitude": lambda: sparsify(new, layers, 0.5, score="magnitude"),
+        "sparsify random": lambda: sparsify(new, layers, 0.5, score="random"),
+    }
+    times = paired_times(variants, reps)
+    return {"model": model_name, "bytes": size, "layers": len(layers),
+            "times": {k: median(v) for k, v in times.items()},
+            "ratios": {k: paired_ratio(v, times["np.copy"]) for k, v in times.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet8,resnet18")
+    parser.add_argument("--api", default="message,legacy")
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--reps", type=int, default=0,
+                        help="repetitions per variant (default: 11 for resnet8, 4 for resnet18)")
+    parser.add_argument("--memory-clients", default="10,100")
+    args = parser.parse_args()
+    quiet_flower()
+    if TaskIdentity is not None:
+        TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    print(machine_line(), flush=True)
+    print(code_line(), flush=True)
+    started = time.perf_counter()
+    memory_clients = [n for n in map(int, args.memory_clients.split(",")) if n <= args.clients]
+    rows, masks = [], []
+    for model_name in args.models.split(","):
+        reps = args.reps or (11 if model_name == "resnet8" else 4)
+        for api in args.api.split(","):
+            rows += measure(api, model_name, args.clients, reps, memory_clients)
+            print(f"  measured {api} {model_name} ({time.perf_counter() - started:.0f}s)", flush=True)
+        masks.append(masking_throughput(model_name, max(reps, 7)))
+
+    print(f"\nAggregation step, {args.clients} replies (median seconds). ratio: median of the paired "
+          "LIPS/FedAvg calls; own: LIPS's time inside its call (the call minus its inner FedAvg); "
+          "checks: the reply checks (_drop_mismatched/_split_mismatched) within own")
+    target = lambda r, x: "yes" if x <= (1.05 if r["round"] == "mask" else 1.01) else "NO"  # noqa: E731
+    print(table(
+        [[r["api"], f"{r['model']} ({r['params'] / 1e6:.2f}M)", r["round"], f"{r['bare']:.3f}",
+          f"{r['lips']:.3f}", f"{r['ratio']:.3f}", f"{r['own'] * 1e3:.1f} ms",
+          f"{r['check'] * 1e3:.1f} ms", f"{1 + (r['own'] - r['check']) / r['bare']:.3f}",
+          target(r, 1 + (r["own"] - r["check"]) / r["bare"]), f"{r['own_ratio']:.3f}",
+          target(r, r["own_ratio"])]
+         for r in rows],
+        ["API", "model", "round", "FedAvg s", "LIPS s", "ratio", "own", "checks",
+         "1+(own-checks)/FedAvg", "target", "1+own/FedAvg", "target"]))
+
+    print("\nPeak memory of the aggregation step above what was allocated before (tracemalloc), MB; "
+          "extra = LIPS - FedAvg, also in model sizes")
+    mem_rows = []
+    for r in rows:
+        for n, (bare_peak, lips_peak) in r["memory"].items():
+            extra = lips_peak - bare_peak
+            mem_rows.append([r["api"], r["model"], r["round"], n, f"{bare_peak / MB:.1f}",
+                             f"{lips_peak / MB:.1f}", f"{extra / MB:+.1f}",
+                             f"{extra / r['model_bytes']:+.2f}"])
+    print(table(mem_rows, ["API", "model", "round", "replies", "FedAvg MB", "LIPS MB",
+                           "extra MB", "extra / model"]))
+
+    print("\nMasking throughput on the middle layers (tau = 0.5): bytes of those layers per second")
+    thr_rows = []
+    for m in masks:
+        for name, seconds in m["times"].items():
+            thr_rows.append([m["model"], f"{m['layers']} layers, {m['bytes'] / MB:.1f} MB", name,
+                             f"{seconds * 1e3:.1f} ms", f"{m['bytes'] / seconds / 1e9:.2f} GB/s",
+                             f"{m['ratios'][name]:.1f}x"])
+    print(table(thr_rows, ["model", "masked", "operation", "median", "throughput", "time / np.copy"]))
+    print(f"\ntotal {time.perf_counter() - started:.0f}s; {load_line()}")
+
+
+if __name__ == "__main__":
+    main()
