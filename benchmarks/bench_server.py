@@ -31,7 +31,9 @@ from __future__ import annotations
 import one_thread  # noqa: F401  (first: one BLAS thread, set before numpy loads)
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,14 +42,9 @@ from common import (
     paired_times, peak_bytes, quiet_flower, table,
 )
 
-from unittest.mock import Mock
-
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.app import ConfigRecord
+from flwr.common import ndarrays_to_parameters
 from flwr.server.strategy import FedAvg as LegacyFedAvg
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.layers import select_layers
@@ -63,48 +60,10 @@ NUM_ROUNDS = 300  # the paper's T; rounds 1, 6, 11, ... mask
 ROUNDS = ((1, "mask"), (2, "no mask"))
 
 
-# ----- replies, as in tests/unit/flower_fakes.py -----
+# ----- replies: the unit tests' fakes (Mock(spec=Message), real FitRes) -----
 
-def to_record(model: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in model.items()})
-
-
-def reply(model: dict[str, np.ndarray], num_examples: int, node_id: int) -> Message:
-    msg = Mock(spec=Message)
-    msg.content = RecordDict({
-        "arrays": to_record(model),
-        "metrics": MetricRecord({"num-examples": num_examples, "train-loss": 0.5}),
-    })
-    msg.has_error.return_value = False
-    msg.metadata.src_node_id = node_id
-    return msg
-
-
-def fit_result(model: dict[str, np.ndarray], num_examples: int, cid: str):
-    proxy = Mock(spec=ClientProxy)
-    proxy.cid = cid
-    res = FitRes(status=Status(code=Code.OK, message=""),
-                 parameters=ndarrays_to_parameters(list(model.values())),
-                 num_examples=num_examples, metrics={})
-    return proxy, res
-
-
-def grid(num_nodes: int) -> Grid:
-    g = Mock(spec=Grid)
-    g.get_node_ids.return_value = list(range(1, num_nodes + 1))
-    return g
-
-
-def client_manager(num_clients: int) -> ClientManager:
-    proxies = []
-    for i in range(num_clients):
-        p = Mock(spec=ClientProxy)
-        p.cid = str(i + 1)
-        proxies.append(p)
-    manager = Mock(spec=ClientManager)
-    manager.num_available.return_value = num_clients
-    manager.sample.return_value = proxies
-    return manager
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+from flower_fakes import client_manager, fit_result, grid, reply, to_record  # noqa: E402
 
 
 # ----- strategies that time their own aggregation -----
