@@ -74,3 +74,10 @@ class InertiaTracker:
     def state(self) -> dict:
         """What a checkpoint needs to continue the same series."""
         return {"t0": self.t0, "reference": self.reference, "previous": self.previous}
+
+    def load_state(self, state: dict) -> None:
+        """Continue the series saved by :meth:`state`."""
+        if state["t0"] != self.t0:
+            raise ValueError(f"the saved inertia series uses t0={state['t0']}, this tracker {self.t0}")
+        self.reference = None if state["reference"] is None else dict(state["reference"])
+        self.previous = None if state["previous"] is None else dict(state["previous"])

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .checkpoint import Checkpoint, settings_mismatch
 from .inertia import InertiaTracker
 from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import model_update, sparsify
@@ -227,6 +228,55 @@ class TransientSparsifier:
         metrics.update({f"lips-zeros/{name}": int(z) for name, z in zeros.items()})
         metrics["lips-seconds"] = time.perf_counter() - start
         return masked, metrics
+
+    def settings(self) -> dict:
+        """The hyperparameters a resumed run must share with the checkpoint (JSON-able)."""
+        layers = self.layers
+        if callable(layers):
+            layers = f"callable {getattr(layers, '__qualname__', type(layers).__name__)}"
+        return {
+            "tau0": self.tau0, "every": self.every, "start_round": self.start_round,
+            "decay": self.decay, "score": self.score,
+            "layers": layers if isinstance(layers, str) else list(layers),
+            "mode": self.mode, "seed": self.seed,
+            "inertia_t0": None if self.inertia is None else self.inertia.t0,
+        }
+
+    def checkpoint(self, server_round: int, model: Mapping[str, np.ndarray]) -> Checkpoint:
+        """The sparsifier's part of a checkpoint after ``server_round``; ``model`` is the broadcast one."""
+        return Checkpoint(
+            round=server_round,
+            num_rounds=self.schedule.num_rounds,
+            settings=self.settings(),
+            model=dict(model),
+            layers=None if self._layer_cache is None else list(self._layer_cache[1]),
+            inertia=None if self.inertia is None else self.inertia.state(),
+        )
+
+    def resume_from(self, checkpoint: Checkpoint) -> None:
+        """Take the schedule position, layer choice and inertia series of ``checkpoint``.
+
+        Raises ``ValueError`` naming every difference when the checkpoint was
+        written with other hyperparameters or another ``num_rounds``: it would
+        not continue the same schedule.
+        """
+        problems = settings_mismatch(checkpoint.settings, self.settings())
+        if self.num_rounds is not None and checkpoint.num_rounds != self.num_rounds:
+            problems.append(f"num_rounds: checkpoint {checkpoint.num_rounds}, now {self.num_rounds}")
+        if not 0 <= checkpoint.round <= checkpoint.num_rounds:
+            problems.append(f"round {checkpoint.round} is outside 0..{checkpoint.num_rounds}")
+        if problems:
+            raise ValueError(
+                "the checkpoint was written by a LIPS strategy with other settings; "
+                "resuming would not continue the same schedule: " + "; ".join(problems)
+            )
+        if self.num_rounds is None:
+            self.set_num_rounds(checkpoint.num_rounds)
+        if checkpoint.layers is not None:
+            signature = tuple((n, np.shape(a)) for n, a in checkpoint.model.items())
+            self._layer_cache = (signature, list(checkpoint.layers))
+        if self.inertia is not None and checkpoint.inertia is not None:
+            self.inertia.load_state(checkpoint.inertia)
 
     def describe(self) -> list[tuple[str, object]]:
         """(label, value) pairs for the adapters' ``summary()`` log tree."""

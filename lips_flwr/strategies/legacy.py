@@ -26,11 +26,13 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 from flwr.common import log
 
+from ..checkpoint import Checkpoint, validate_resume
 from ..layers import LayerSpec
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import model_shapes, names_problem, read_npy, reply_problem
 from ._cache_sync import snapshot_caches
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
+from ._resume import load_for_resume, ndarray_state, ndarray_value, restore, save_round
 
 FitResults = list[tuple[ClientProxy, FitRes]]
 FitFailures = list[tuple[ClientProxy, FitRes] | BaseException]
@@ -43,8 +45,17 @@ class _LegacyLIPSMixin:
     param_names: list[str] | None
     _lips_previous: Parameters | None = None
     _lips_shapes: dict[str, tuple[int, ...]] | None = None
+    _lips_checkpoint_path: str | None = None
+    _lips_resume: bool | str = False
+    _lips_resumed: Checkpoint | None = None
+    _lips_done = 0  # rounds done before this run (from the checkpoint)
+    _lips_saved_round: int | None = None
+    _lips_checkpoint_seconds: float | None = None
 
-    def _init_lips(self, param_names: list[str] | None, lips: dict[str, Any]) -> None:
+    def _init_lips(
+        self, param_names: list[str] | None, lips: dict[str, Any],
+        checkpoint_path: Any = None, resume_mode: Any = False,
+    ) -> None:
         if lips.get("num_rounds") is None:
             raise ValueError(
                 "`num_rounds` is required by the legacy LIPS strategies: pass the "
@@ -58,6 +69,27 @@ class _LegacyLIPSMixin:
                 raise ValueError("`param_names` must be a list of distinct strings")
         self.param_names = param_names
         self.sparsifier = TransientSparsifier(**lips)
+        self._lips_checkpoint_path, self._lips_resume = validate_resume(checkpoint_path, resume_mode)
+        # Read now: the ServerConfig needs rounds_left, and a bad file fails before any round.
+        found = load_for_resume(self.sparsifier, self._lips_checkpoint_path, self._lips_resume)
+        if found is not None:
+            self._lips_resumed, self._lips_done = found, found.round
+
+    @property
+    def rounds_left(self) -> int:
+        """Rounds still to run: ``num_rounds`` minus the checkpoint's (for ``ServerConfig``)."""
+        return self.sparsifier.schedule.num_rounds - self._lips_done
+
+    def _round(self, server_round: int) -> int:
+        """The schedule's round of the server loop's ``server_round`` (which counts from 1)."""
+        shifted = server_round + self._lips_done
+        if self._lips_done and shifted > self.sparsifier.schedule.num_rounds:
+            raise ValueError(
+                f"round {server_round} of this run is round {shifted} of the schedule, past "
+                f"num_rounds={self.sparsifier.schedule.num_rounds}: the checkpoint has "
+                f"{self._lips_done} rounds done, so run ServerConfig(num_rounds=strategy.rounds_left)"
+            )
+        return shifted
 
     def _names(self, parameters: Parameters) -> list[str]:
         count = len(parameters.tensors)
@@ -79,10 +111,40 @@ class _LegacyLIPSMixin:
         """Log the LIPS settings in Flower's log-tree style."""
         log_settings("LIPS", self.sparsifier.describe())
 
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The wrapped strategy's initial model, or the checkpoint's when resuming."""
+        initial = super().initialize_parameters(client_manager)  # type: ignore[misc]
+        if self._lips_resumed is None:
+            return initial
+        checkpoint = self._lips_resumed
+        if self.param_names is not None and list(checkpoint.model) != self.param_names:
+            raise ValueError(
+                f"the checkpoint {self._lips_checkpoint_path!r} holds arrays named "
+                f"{list(checkpoint.model)[:3]}..., not `param_names`: another model")
+        given = self._to_numpy(initial) if initial is not None else None
+        restore(self, checkpoint, self._lips_checkpoint_path, given, self._from_state)
+        self._lips_saved_round = checkpoint.round
+        return ndarrays_to_parameters(list(checkpoint.model.values()))
+
+    def _save_checkpoint(self, server_round: int, parameters: Parameters) -> None:
+        """Write the checkpoint after ``server_round`` (``parameters``: the global model then)."""
+        if self._lips_checkpoint_path is None or server_round < 1 or server_round == self._lips_saved_round:
+            return
+        self._lips_saved_round = server_round
+        self._lips_checkpoint_seconds = save_round(
+            self, self.sparsifier, self._lips_checkpoint_path, server_round,
+            self._to_numpy(parameters), self._to_state)
+
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        """Remember the global model and add the ``lips-*`` keys to each FitIns."""
+        """Remember the global model and add the ``lips-*`` keys to each FitIns.
+
+        With a ``checkpoint_path``, first save the state reached after the
+        previous round (its evaluation included, so that the resumed run draws
+        the same random numbers).
+        """
+        server_round = self._round(server_round)
         if parameters.tensor_type != "numpy.ndarray":
             raise ValueError(
                 f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
@@ -100,6 +162,7 @@ class _LegacyLIPSMixin:
                     "list(net.state_dict().keys()))"
                 )
             check_model(self.sparsifier, model)
+        self._save_checkpoint(server_round - 1, parameters)
         self._lips_previous = parameters
         self._lips_shapes = model_shapes(dict(zip(names, parameters.tensors)))
         needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
@@ -137,12 +200,16 @@ class _LegacyLIPSMixin:
         self, server_round: int, results: FitResults, failures: FitFailures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Aggregate with the wrapped strategy, then sparsify on mask rounds."""
+        server_round = self._round(server_round)
+        last = server_round == self.sparsifier.schedule.num_rounds
         failures = list(failures)
         results = self._split_mismatched(list(results), failures)
         before = snapshot_caches(self)
         parameters, metrics = super().aggregate_fit(server_round, results, failures)  # type: ignore[misc]
         if parameters is None:
             log_no_aggregate(server_round, self.sparsifier)
+            if last and self._lips_previous is not None:
+                self._save_checkpoint(server_round, self._lips_previous)
             return parameters, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate = self._to_numpy(parameters) if self.sparsifier.needs_aggregate(server_round) else {}
@@ -158,7 +225,43 @@ class _LegacyLIPSMixin:
         lips_metrics.update(self.sparsifier.observe(server_round, masked or aggregate))
         reports = sum("lips-client-zeros" in (res.metrics or {}) for _, res in results)
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
+        if last:  # no configure_fit follows to save the final model
+            self._save_checkpoint(server_round, parameters)
+        if self._lips_checkpoint_seconds is not None:
+            lips_metrics["lips-checkpoint-seconds"] = self._lips_checkpoint_seconds
+            self._lips_checkpoint_seconds = None
         return parameters, {**(metrics or {}), **lips_metrics}
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return super().configure_evaluate(  # type: ignore[misc]
+            self._round(server_round), parameters, client_manager)
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        return super().aggregate_evaluate(  # type: ignore[misc]
+            self._round(server_round), results, failures)
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        return super().evaluate(self._round(server_round), parameters)  # type: ignore[misc]
+
+    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
+        if isinstance(value, Parameters):
+            arrays = self._cached_to_numpy(value)
+            return None if arrays is None else ("parameters", arrays)
+        return ndarray_state(value)
+
+    def _from_state(self, kind: str, arrays: dict[str, np.ndarray]) -> Any:
+        if kind == "parameters":
+            return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
+        return ndarray_value(kind, arrays)
 
     def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
         if isinstance(value, Parameters):
@@ -239,6 +342,12 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         ``T`` of the schedule: the ``num_rounds`` of the ``ServerConfig``.
     tau0, every, start_round, decay, score, layers, mode, seed, inertia_t0
         As in :class:`lips_flwr.strategies.LIPS`.
+    checkpoint_path, resume
+        As in :class:`lips_flwr.strategies.LIPS`. The checkpoint is read in
+        the constructor. Flower's legacy server loop counts the rounds it
+        runs from 1: give it ``ServerConfig(num_rounds=strategy.rounds_left)``;
+        LIPS passes the schedule's round (``rounds done + i``) on to the
+        wrapped strategy. The legacy ``History`` counts from 1.
     """
 
     def __init__(
@@ -256,6 +365,8 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         mode: str = "server",
         seed: int = 0,
         inertia_t0: int | None = None,
+        checkpoint_path: str | None = None,
+        resume: bool | str = False,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
@@ -266,7 +377,7 @@ class LegacyLIPS(_LegacyLIPSMixin, _LegacyWrapper):
         self._init_lips(param_names, dict(
             num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
             decay=decay, score=score, layers=layers, mode=mode, seed=seed, inertia_t0=inertia_t0,
-        ))
+        ), checkpoint_path, resume)
 
     def __repr__(self) -> str:
         return f"LegacyLIPS({self.strategy!r})"
@@ -279,10 +390,13 @@ class LegacyLIPSFedAvg(_LegacyLIPSMixin, FedAvg):
     all other keyword arguments go to Flower's legacy ``FedAvg``.
     """
 
-    def __init__(self, *, param_names: list[str] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, param_names: list[str] | None = None, checkpoint_path: str | None = None,
+        resume: bool | str = False, **kwargs: Any,
+    ) -> None:
         lips = {k: kwargs.pop(k) for k in LIPS_OPTIONS if k in kwargs}
         super().__init__(**kwargs)
-        self._init_lips(param_names, lips)
+        self._init_lips(param_names, lips, checkpoint_path, resume)
 
     def __repr__(self) -> str:
         return f"LegacyLIPSFedAvg(accept_failures={self.accept_failures})"

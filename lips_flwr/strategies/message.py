@@ -12,12 +12,16 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.common import log
 
+from ..checkpoint import validate_resume
 from ..layers import LayerSpec
 from ..records import numpy_to_record, record_to_numpy, record_views
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import MISSING, model_shapes, reply_problem, serialization_problem
 from ._cache_sync import snapshot_caches, strategy_chain
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
+from ._resume import load_for_resume, ndarray_state, ndarray_value, restore, save_round
+
+CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
 
 
 def _cached_to_numpy(value: Any) -> dict[str, np.ndarray] | None:
@@ -34,11 +38,56 @@ def _numpy_to_cached(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     return {name: arrays[name] for name in value}
 
 
+def _to_state(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
+    if isinstance(value, ArrayRecord):
+        return ("arrayrecord", record_views(value)) if len(value) else None
+    return ndarray_state(value)
+
+
+def _from_state(kind: str, arrays: dict[str, np.ndarray]) -> Any:
+    return numpy_to_record(arrays) if kind == "arrayrecord" else ndarray_value(kind, arrays)
+
+
+class _ShiftedRounds:
+    """The strategy as Flower's ``start()`` loop sees it when resuming after ``done`` rounds.
+
+    The loop counts the rounds it runs from 1; every strategy method (and
+    subclass overrides, and the wrapped strategy) gets the schedule's round
+    ``done + i`` instead, so masks, configs and results keep their numbers.
+    """
+
+    def __init__(self, strategy: Strategy, done: int) -> None:
+        self._strategy, self._done = strategy, done
+        self.__class__ = type(type(strategy).__name__, (_ShiftedRounds,), {})  # for Flower's log
+
+    def summary(self) -> None:
+        self._strategy.summary()
+
+    def configure_train(self, server_round: int, *args: Any) -> Iterable[Message]:
+        return self._strategy.configure_train(server_round + self._done, *args)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
+        return self._strategy.aggregate_train(server_round + self._done, replies)
+
+    def configure_evaluate(self, server_round: int, *args: Any) -> Iterable[Message]:
+        return self._strategy.configure_evaluate(server_round + self._done, *args)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
+        return self._strategy.aggregate_evaluate(server_round + self._done, replies)
+
+
 class _LIPSMixin:
     """The LIPS hooks; ``super()`` is the strategy whose aggregate is sparsified."""
 
     sparsifier: TransientSparsifier
     _lips_previous: ArrayRecord | None = None
+    _lips_checkpoint_path: str | None = None
+    _lips_resume: bool | str = False
+    _lips_checkpoint_seconds: float | None = None
+    _lips_saved_round: int | None = None
+
+    def _init_checkpoint(self, checkpoint_path: Any, resume_mode: Any) -> None:
+        self._lips_checkpoint_path, self._lips_resume = validate_resume(checkpoint_path, resume_mode)
 
     def summary(self) -> None:
         """Log the LIPS settings, then the wrapped strategy's."""
@@ -55,22 +104,67 @@ class _LIPSMixin:
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Run ``num_rounds`` rounds; also the schedule's ``T`` unless set at construction."""
+        """Run ``num_rounds`` rounds; also the schedule's ``T`` unless set at construction.
+
+        With ``resume`` and a checkpoint, rounds ``r+1..num_rounds`` run from the
+        checkpoint's model (``initial_arrays`` only fixes names and shapes),
+        and the returned ``Result`` holds those rounds, under their own numbers.
+        Flower's ``[ROUND i/n]`` log lines count the rounds of this call.
+        """
         if self.sparsifier.num_rounds is None:
             self.sparsifier.set_num_rounds(num_rounds)
         elif self.sparsifier.num_rounds != num_rounds:
             log(WARNING, "LIPS: schedule uses num_rounds=%d but start() runs %d rounds",
                 self.sparsifier.num_rounds, num_rounds)
-        return super().start(  # type: ignore[misc]
-            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
+        path = self._lips_checkpoint_path
+        resumed = load_for_resume(self.sparsifier, path, self._lips_resume)
+        if resumed is not None:
+            restore(self, resumed, path, record_views(initial_arrays), _from_state)
+        else:
+            return super().start(  # type: ignore[misc]
+                grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
+            )
+        done, arrays = resumed.round, numpy_to_record(resumed.model)
+        self._lips_saved_round = done
+        shifted_fn = None
+        if evaluate_fn is not None:
+            def shifted_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+                return evaluate_fn(server_round + done, arrays)
+        result = Strategy.start(
+            _ShiftedRounds(self, done), grid, arrays, num_rounds - done,  # type: ignore[arg-type]
+            timeout, train_config, evaluate_config, shifted_fn,
         )
+        for history in (result.train_metrics_clientapp, result.evaluate_metrics_clientapp,
+                        result.evaluate_metrics_serverapp):
+            shifted = {r + done: m for r, m in history.items()}
+            history.clear()
+            history.update(shifted)
+        if not len(result.arrays):  # the checkpoint was at the last round: nothing ran
+            result.arrays = arrays
+        return result
+
+    def _save_checkpoint(self, server_round: int, model: ArrayRecord) -> None:
+        """Write the checkpoint after ``server_round`` (``model``: the global model then)."""
+        if self._lips_checkpoint_path is None or server_round < 1:
+            return
+        if server_round != self._lips_saved_round:  # not the checkpoint just resumed from
+            self._lips_saved_round = server_round
+            self._lips_checkpoint_seconds = save_round(
+                self, self.sparsifier, self._lips_checkpoint_path, server_round,
+                record_views(model), _to_state)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Remember the global model (for ``dw``) and add the ``lips-*`` config keys."""
+        """Remember the global model (for ``dw``) and add the ``lips-*`` config keys.
+
+        With a ``checkpoint_path``, first save the state reached after the
+        previous round (its evaluation included, so that the resumed run draws
+        the same random numbers).
+        """
         if self._lips_previous is None:
             check_model(self.sparsifier, record_to_numpy(arrays))
+        self._save_checkpoint(server_round - 1, arrays)
         self._lips_previous = arrays
         config = ConfigRecord(dict(config))  # start() passes the same record every round
         needs_model = self.sparsifier.mode == "client" and self.sparsifier.schedule.tau(server_round) > 0
@@ -133,8 +227,11 @@ class _LIPSMixin:
         replies = self._drop_mismatched(list(replies))
         before = snapshot_caches(self)
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        last = server_round == self.sparsifier.num_rounds
         if arrays is None:
             log_no_aggregate(server_round, self.sparsifier)
+            if last and self._lips_previous is not None:
+                self._save_checkpoint(server_round, self._lips_previous)
             return arrays, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate, previous = {}, None
@@ -163,6 +260,11 @@ class _LIPSMixin:
                 for msg in replies if not msg.has_error()
             )
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
+        if last:  # no configure_train follows to save the final model
+            self._save_checkpoint(server_round, arrays)
+        if self._lips_checkpoint_seconds is not None:
+            lips_metrics["lips-checkpoint-seconds"] = self._lips_checkpoint_seconds
+            self._lips_checkpoint_seconds = None
         metrics = MetricRecord() if metrics is None else metrics
         for key, value in lips_metrics.items():
             metrics[key] = value
@@ -245,6 +347,16 @@ class LIPS(_LIPSMixin, _Wrapper):
         Add per-layer inertia metrics (``inertia-cos-t0/<layer>``: cosine
         similarity to the model of round ``inertia_t0``; ``inertia-cos-prev/<layer>``;
         ``inertia-step/<layer>``) to each round's train metrics; ``None``: off.
+    checkpoint_path : str or PathLike, optional
+        Save the strategy's state to this ``.npz`` file after every round
+        (atomically): the global model, the round, LIPS's layer choice and
+        inertia series, the wrapped strategies' model-shaped state (e.g.
+        FedAvgM's momentum, FedAdam's moments) and Python's ``random`` state.
+        See :mod:`lips_flwr.checkpoint`.
+    resume : bool or "auto" (default: False)
+        ``True``: continue from ``checkpoint_path`` (it must exist); ``"auto"``:
+        continue when it exists, else start at round 1. The checkpoint must
+        come from a strategy with the same settings, ``num_rounds`` and model.
     """
 
     def __init__(
@@ -261,6 +373,8 @@ class LIPS(_LIPSMixin, _Wrapper):
         mode: str = "server",
         seed: int = 0,
         inertia_t0: int | None = None,
+        checkpoint_path: str | None = None,
+        resume: bool | str = False,
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise ValueError(
@@ -272,6 +386,7 @@ class LIPS(_LIPSMixin, _Wrapper):
             num_rounds=num_rounds, tau0=tau0, every=every, start_round=start_round,
             decay=decay, score=score, layers=layers, mode=mode, seed=seed, inertia_t0=inertia_t0,
         )
+        self._init_checkpoint(checkpoint_path, resume)
 
     def __repr__(self) -> str:
         return f"LIPS({self.strategy!r})"
@@ -282,10 +397,13 @@ class LIPSFedAvg(_LIPSMixin, FedAvg):
 
     Takes the keyword arguments of :class:`LIPS` (``num_rounds``, ``tau0``,
     ``every``, ``start_round``, ``decay``, ``score``, ``layers``, ``mode``,
-    ``seed``) and passes all others to Flower's ``FedAvg``.
+    ``seed``, ``inertia_t0``, ``checkpoint_path``, ``resume``) and passes all
+    others to Flower's ``FedAvg``.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         lips = {k: kwargs.pop(k) for k in LIPS_OPTIONS if k in kwargs}
+        checkpoint = {k: kwargs.pop(k) for k in CHECKPOINT_OPTIONS if k in kwargs}
         self.sparsifier = TransientSparsifier(**lips)
+        self._init_checkpoint(checkpoint.get("checkpoint_path"), checkpoint.get("resume", False))
         super().__init__(**kwargs)

@@ -1,0 +1,209 @@
+"""The strategy's state on disk, so that a restarted server continues the same run.
+
+A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
+``allow_pickle=False``: loading one runs no code) holding
+
+* ``round``: the last completed server round ``r``, and ``num_rounds`` (``T``);
+* ``settings``: the LIPS hyperparameters, which a resumed strategy must share;
+* ``model``: the global model broadcast after round ``r``. It is where round
+  ``r + 1`` starts and the "previous global model" its update ``dw`` is taken
+  against, so the resumed schedule masks what the uninterrupted one would;
+* the sparsifier's state: the layers chosen on the first model and the
+  inertia tracker's reference and previous models;
+* ``strategy``: model-shaped state of the wrapped strategies (FedAvgM's
+  momentum and model copy, FedAdam's moments), keyed by position in the
+  chain of wrappers and attribute name;
+* ``python_random``: the state of Python's ``random`` module, from which
+  Flower's strategies sample nodes.
+
+The random score needs no RNG state: its scores derive from ``(seed, round,
+layer)``. The file is written through a temporary file and ``os.replace``
+(:func:`lips_flwr.results.write_atomic`): a crash leaves the old checkpoint or
+the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .results import write_atomic
+
+FORMAT = "lips-flwr-checkpoint"
+VERSION = 1
+RESUME_CHOICES = (False, True, "auto")
+_META = "__meta__"
+
+
+@dataclass
+class Checkpoint:
+    """Everything a LIPS strategy needs to continue after ``round``."""
+
+    round: int
+    num_rounds: int
+    settings: dict[str, Any]
+    model: dict[str, np.ndarray]
+    layers: list[str] | None = None
+    inertia: dict[str, Any] | None = None
+    strategy: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    python_random: list | None = None
+
+
+def python_random_state() -> list:
+    """Python's ``random`` state as JSON-able lists."""
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def restore_python_random(state: list) -> None:
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically (the parent folder is created)."""
+    arrays: dict[str, np.ndarray] = {}
+    groups: dict[str, list[str]] = {}
+
+    def put(group: str, tensors: Mapping[str, np.ndarray]) -> None:
+        groups[group] = list(tensors)
+        for i, tensor in enumerate(tensors.values()):
+            arrays[f"{group}/{i}"] = np.asarray(tensor)
+
+    put("model", checkpoint.model)
+    inertia = None
+    if checkpoint.inertia is not None:
+        inertia = {"t0": checkpoint.inertia["t0"]}
+        for part in ("reference", "previous"):
+            inertia[part] = checkpoint.inertia.get(part) is not None
+            if inertia[part]:
+                put(f"inertia-{part}", checkpoint.inertia[part])
+    kinds = {}
+    for key, (kind, tensors) in checkpoint.strategy.items():
+        kinds[key] = kind
+        put(f"strategy-{key}", tensors)
+    meta = {
+        "format": FORMAT, "version": VERSION, "round": checkpoint.round,
+        "num_rounds": checkpoint.num_rounds, "settings": checkpoint.settings,
+        "layers": checkpoint.layers, "inertia": inertia, "strategy": kinds,
+        "groups": groups, "python_random": checkpoint.python_random,
+    }
+    arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    ValueError
+        The file is not a LIPS checkpoint, is damaged, or has another version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no LIPS checkpoint at {str(path)!r}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            files = {name: npz[name] for name in npz.files}
+        meta = json.loads(files.pop(_META).tobytes().decode("utf-8"))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not a readable LIPS checkpoint: {err}") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{str(path)!r} is not a LIPS checkpoint")
+    if meta.get("version") != VERSION:
+        raise ValueError(
+            f"{str(path)!r} is a version {meta.get('version')} LIPS checkpoint; this "
+            f"lips-flwr reads version {VERSION}"
+        )
+
+    def get(group: str) -> dict[str, np.ndarray]:
+        names = meta["groups"][group]
+        try:
+            return {name: files[f"{group}/{i}"] for i, name in enumerate(names)}
+        except KeyError as err:
+            raise ValueError(f"{str(path)!r} is damaged: {group!r} lacks {err}") from err
+
+    inertia = None
+    if meta["inertia"] is not None:
+        inertia = {"t0": meta["inertia"]["t0"]}
+        for part in ("reference", "previous"):
+            inertia[part] = get(f"inertia-{part}") if meta["inertia"][part] else None
+    return Checkpoint(
+        round=int(meta["round"]),
+        num_rounds=int(meta["num_rounds"]),
+        settings=meta["settings"],
+        model=get("model"),
+        layers=meta["layers"],
+        inertia=inertia,
+        strategy={key: (kind, get(f"strategy-{key}")) for key, kind in meta["strategy"].items()},
+        python_random=meta["python_random"],
+    )
+
+
+def settings_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"name: checkpoint X, now Y"`` for each setting that differs."""
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{key}: checkpoint {saved.get(key)!r}, now {current.get(key)!r}"
+        for key in keys
+        if _jsonable(saved.get(key)) != _jsonable(current.get(key))
+    ]
+
+
+def _jsonable(value: Any) -> Any:
+    # Compare as the file stores it: tuples come back as lists.
+    return json.loads(json.dumps(value))
+
+
+def validate_resume(checkpoint_path: Any, resume: Any) -> tuple[str | None, bool | str]:
+    """Check the ``checkpoint_path`` / ``resume`` constructor arguments."""
+    if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+        raise ValueError(f"`checkpoint_path` must be a path or None, got {checkpoint_path!r}")
+    if checkpoint_path is not None and not str(checkpoint_path):
+        raise ValueError("`checkpoint_path` must not be empty; pass None to save no checkpoint")
+    if not (isinstance(resume, bool) or (isinstance(resume, str) and resume == "auto")):
+        raise ValueError(f"`resume` must be one of {RESUME_CHOICES}, got {resume!r}")
+    if resume and checkpoint_path is None:
+        raise ValueError("`resume` needs `checkpoint_path`: the checkpoint to resume from")
+    return (None if checkpoint_path is None else os.fspath(checkpoint_path)), resume
+
+
+def checkpoint_to_resume(checkpoint_path: str | None, resume: bool | str) -> Checkpoint | None:
+    """The checkpoint to continue from: ``None`` to start at round 1.
+
+    ``resume=True`` requires the file; ``"auto"`` resumes when it exists, so one
+    command serves the first start and every restart.
+    """
+    if not resume or checkpoint_path is None:
+        return None
+    if resume == "auto" and not Path(checkpoint_path).exists():
+        return None
+    return load_checkpoint(checkpoint_path)
+
+
+def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
+    """Why the checkpoint's model is not the model the run starts with, or ``None``."""
+    if list(saved) != list(model):
+        missing = [n for n in model if n not in saved][:5]
+        extra = [n for n in saved if n not in model][:5]
+        return f"arrays differ (missing {missing}, extra {extra}, or another order)"
+    shapes = [n for n in model if np.shape(saved[n]) != np.shape(model[n])]
+    return f"shapes differ in {shapes[:5]}" if shapes else None
+
+
+__all__ = [
+    "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "checkpoint_to_resume",
+    "load_checkpoint", "model_mismatch", "python_random_state", "restore_python_random",
+    "save_checkpoint", "settings_mismatch", "validate_resume",
+]

@@ -1,0 +1,299 @@
+"""A server that crashes and resumes from its checkpoint ends where the uninterrupted one ends.
+
+Message API: the whole ``Strategy.start`` loop with a fake grid whose clients
+answer deterministically from (node, round, model). Legacy API: Flower's own
+``Server.fit`` loop with a real ``SimpleClientManager`` and mocked proxies.
+Nodes are sampled (half of them per round), so Python's ``random`` state
+matters; FedAvgM/FedAdam keep momentum and moments, so the wrapped strategy's
+state matters; the inertia series and the mask schedule must continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from unittest.mock import Mock
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server import Server, SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAdam as LegacyFedAdam
+from flwr.server.strategy import FedAvgM as LegacyFedAvgM
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
+
+from lips_flwr.checkpoint import load_checkpoint
+from lips_flwr.strategies import LIPS, LegacyLIPS, LIPSFedAvg
+from tests.unit.flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
+
+ROUNDS, CRASH_AT = 8, 5  # round 5 is a mask round (every=2): the first resumed round masks
+LIPS_KW = dict(tau0=0.5, every=2, inertia_t0=2)
+VOLATILE = ("lips-seconds", "lips-checkpoint-seconds")
+
+
+class Crash(Exception):
+    """The server process dies."""
+
+
+def client_update(model: dict[str, np.ndarray], node: int, server_round: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1000 * node + server_round)
+    return {
+        k: v + rng.normal(scale=0.05, size=v.shape).astype(v.dtype)
+        if np.issubdtype(v.dtype, np.floating) else v.copy()
+        for k, v in model.items()
+    }
+
+
+# ----- Message API -----
+
+def message_grid(sampled: list, crash_at: int | None = None):
+    g = grid(4)
+
+    def answer(messages, timeout):
+        out = []
+        for msg in messages:
+            server_round = int(msg.content["config"]["server-round"])
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == "train":
+                if server_round == crash_at:
+                    raise Crash()
+                sampled.append((server_round, node))
+                model = client_update(to_numpy(msg.content["arrays"]), node, server_round)
+                out.append(reply(model, 10 + node, node_id=node))
+            else:
+                ev = Mock(spec=Message)
+                ev.content = RecordDict({"metrics": MetricRecord({"num-examples": 5, "acc": node / 10})})
+                ev.has_error.return_value = False
+                ev.metadata.src_node_id = node
+                out.append(ev)
+        return out
+
+    g.send_and_receive.side_effect = answer
+    return g
+
+
+INNER = {
+    "FedAvg": lambda: FedAvg(fraction_train=0.5, fraction_evaluate=0.5, min_available_nodes=4),
+    "FedAvgM": lambda: FedAvgM(server_momentum=0.9, fraction_train=0.5, fraction_evaluate=0.5,
+                               min_available_nodes=4),
+    "FedAdam": lambda: FedAdam(eta=0.05, fraction_train=0.5, fraction_evaluate=0.5,
+                               min_available_nodes=4),
+}
+
+
+def run_message(make, crash_at=None, seed=7):
+    sampled, evaluated = [], []
+
+    def evaluate_fn(server_round, arrays):
+        evaluated.append(server_round)
+        return MetricRecord({"norm": float(sum(np.abs(a).sum() for a in to_numpy(arrays).values()))})
+
+    random.seed(seed)
+    result = make().start(grid=message_grid(sampled, crash_at), initial_arrays=to_record(tiny_model()),
+                          num_rounds=ROUNDS, evaluate_fn=evaluate_fn)
+    return result, sampled, evaluated
+
+
+def comparable(metrics: MetricRecord) -> dict:
+    return {k: v for k, v in metrics.items() if k not in VOLATILE}
+
+
+@pytest.mark.parametrize("inner", list(INNER))
+def test_message_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, task_identity, inner):
+    path = tmp_path / "ckpt" / "lips.npz"
+    whole, sampled, evaluated = run_message(lambda: LIPS(INNER[inner](), **LIPS_KW))
+
+    crashed: list = []
+    with pytest.raises(Crash):
+        random.seed(7)
+        LIPS(INNER[inner](), checkpoint_path=path, **LIPS_KW).start(
+            grid=message_grid(crashed, crash_at=CRASH_AT), initial_arrays=to_record(tiny_model()),
+            num_rounds=ROUNDS)
+    assert load_checkpoint(path).round == CRASH_AT - 1
+
+    resumed, sampled_after, evaluated_after = run_message(
+        lambda: LIPS(INNER[inner](), checkpoint_path=path, resume=True, **LIPS_KW), seed=12345)
+    # The random state came from the checkpoint, not from seed 12345: the same nodes are sampled.
+    assert sampled_after == [s for s in sampled if s[0] >= CRASH_AT]
+    for name, array in to_numpy(whole.arrays).items():
+        np.testing.assert_array_equal(to_numpy(resumed.arrays)[name], array, err_msg=name)
+    assert sorted(resumed.train_metrics_clientapp) == list(range(CRASH_AT, ROUNDS + 1))
+    for r, metrics in resumed.train_metrics_clientapp.items():
+        assert comparable(metrics) == comparable(whole.train_metrics_clientapp[r]), r
+    assert resumed.train_metrics_clientapp[CRASH_AT]["lips-mask-round"] == 1
+    assert "inertia-cos-t0/conv2.weight" in resumed.train_metrics_clientapp[CRASH_AT]
+    assert sorted(resumed.evaluate_metrics_clientapp) == list(range(CRASH_AT, ROUNDS + 1))
+    assert evaluated_after == list(range(CRASH_AT - 1, ROUNDS + 1))
+    assert resumed.evaluate_metrics_serverapp[CRASH_AT - 1] == whole.evaluate_metrics_serverapp[CRASH_AT - 1]
+    assert load_checkpoint(path).round == ROUNDS
+
+
+def test_message_api_checkpoint_is_written_every_round_with_its_cost(tmp_path, task_identity):
+    path = tmp_path / "lips.npz"
+    rounds_seen = []
+    strategy = LIPSFedAvg(checkpoint_path=path, fraction_evaluate=0.0, **LIPS_KW)
+    original = strategy._save_checkpoint
+
+    def spy(server_round, model):
+        original(server_round, model)
+        if path.exists():
+            rounds_seen.append(load_checkpoint(path).round)
+
+    strategy._save_checkpoint = spy
+    random.seed(0)
+    result = strategy.start(grid=message_grid([]), initial_arrays=to_record(tiny_model()),
+                            num_rounds=ROUNDS)
+    assert sorted(set(rounds_seen)) == list(range(1, ROUNDS + 1))
+    assert all("lips-checkpoint-seconds" in result.train_metrics_clientapp[r] for r in range(2, ROUNDS + 1))
+    final = load_checkpoint(path)
+    for name, array in to_numpy(result.arrays).items():
+        np.testing.assert_array_equal(final.model[name], array)
+
+
+def test_message_api_resume_at_the_last_round_runs_nothing(tmp_path, task_identity, caplog):
+    path = tmp_path / "lips.npz"
+    whole, _, _ = run_message(lambda: LIPS(FedAvg(fraction_evaluate=0.0), checkpoint_path=path, **LIPS_KW))
+    sampled: list = []
+    g = message_grid(sampled)
+    with caplog.at_level(logging.INFO):
+        again = LIPS(FedAvg(fraction_evaluate=0.0), checkpoint_path=path, resume="auto", **LIPS_KW).start(
+            grid=g, initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
+    assert sampled == [] and again.train_metrics_clientapp == {}
+    for name, array in to_numpy(whole.arrays).items():
+        np.testing.assert_array_equal(to_numpy(again.arrays)[name], array)
+    assert f"rounds 1-{ROUNDS} are done" in caplog.text
+
+
+def test_message_api_auto_without_a_file_starts_fresh_and_true_requires_it(tmp_path, task_identity, caplog):
+    path = tmp_path / "lips.npz"
+    with caplog.at_level(logging.INFO):
+        run_message(lambda: LIPS(FedAvg(fraction_evaluate=0.0), checkpoint_path=path, resume="auto", **LIPS_KW))
+    assert "no checkpoint at" in caplog.text and load_checkpoint(path).round == ROUNDS
+    with pytest.raises(FileNotFoundError):
+        run_message(lambda: LIPS(FedAvg(), checkpoint_path=tmp_path / "other.npz", resume=True, **LIPS_KW))
+
+
+def test_message_api_resume_refuses_other_settings_model_or_strategies(tmp_path, task_identity):
+    path = tmp_path / "lips.npz"
+    run_message(lambda: LIPS(INNER["FedAvgM"](), checkpoint_path=path, **LIPS_KW))
+    other = dict(LIPS_KW, tau0=0.3)
+    with pytest.raises(ValueError, match="tau0: checkpoint 0.5, now 0.3"):
+        run_message(lambda: LIPS(INNER["FedAvgM"](), checkpoint_path=path, resume=True, **other))
+    with pytest.raises(ValueError, match="num_rounds: checkpoint 8, now 9"):
+        LIPS(INNER["FedAvgM"](), checkpoint_path=path, resume=True, **LIPS_KW).start(
+            grid=message_grid([]), initial_arrays=to_record(tiny_model()), num_rounds=9)
+    with pytest.raises(ValueError, match="another model"):
+        bigger = dict(tiny_model(), extra=np.ones((3, 3), dtype=np.float32))
+        LIPS(INNER["FedAvgM"](), checkpoint_path=path, resume=True, **LIPS_KW).start(
+            grid=message_grid([]), initial_arrays=to_record(bigger), num_rounds=ROUNDS)
+    with pytest.raises(ValueError, match="resume with the same strategies"):
+        run_message(lambda: LIPS(INNER["FedAdam"](), checkpoint_path=path, resume=True, **LIPS_KW))
+
+
+# ----- legacy API -----
+
+NAMES = list(tiny_model())
+
+
+def legacy_proxy(cid: int, sampled: list) -> ClientProxy:
+    proxy = Mock(spec=ClientProxy)
+    proxy.cid = str(cid)
+    proxy.node_id = cid
+
+    def fit(ins, timeout, group_id):
+        server_round = int(ins.config["lips-round"])
+        sampled.append((server_round, cid))
+        model = dict(zip(NAMES, parameters_to_ndarrays(ins.parameters)))
+        trained = client_update(model, cid, server_round)
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(list(trained.values())), 10 + cid, {})
+
+    def evaluate(ins, timeout, group_id):
+        return EvaluateRes(Status(Code.OK, ""), loss=cid / 10, num_examples=5, metrics={})
+
+    proxy.fit.side_effect = fit
+    proxy.evaluate.side_effect = evaluate
+    return proxy
+
+
+LEGACY_INNER = {
+    "FedAvgM": lambda cfg, ev: LegacyFedAvgM(
+        server_momentum=0.9, initial_parameters=ndarrays_to_parameters(list(tiny_model().values())),
+        fraction_fit=0.5, min_fit_clients=2, fraction_evaluate=0.5, min_evaluate_clients=2,
+        min_available_clients=4, on_fit_config_fn=cfg, evaluate_fn=ev),
+    "FedAdam": lambda cfg, ev: LegacyFedAdam(
+        eta=0.05, initial_parameters=ndarrays_to_parameters(list(tiny_model().values())),
+        fraction_fit=0.5, min_fit_clients=2, fraction_evaluate=0.5, min_evaluate_clients=2,
+        min_available_clients=4, on_fit_config_fn=cfg, evaluate_fn=ev),
+}
+
+
+def run_legacy(inner, seed=7, crash_at=None, **lips):
+    sampled, evaluated = [], []
+
+    def fit_config(server_round):
+        if server_round == crash_at:
+            raise Crash()
+        return {}
+
+    def evaluate_fn(server_round, ndarrays, config):
+        evaluated.append(server_round)
+        return 0.0, {}
+
+    strategy = LegacyLIPS(LEGACY_INNER[inner](fit_config, evaluate_fn), param_names=NAMES,
+                          num_rounds=ROUNDS, **LIPS_KW, **lips)
+    manager = SimpleClientManager()
+    for cid in range(1, 5):
+        manager.register(legacy_proxy(cid, sampled))
+    random.seed(seed)
+    server = Server(client_manager=manager, strategy=strategy)
+    history, _ = server.fit(num_rounds=strategy.rounds_left, timeout=None)
+    return dict(zip(NAMES, parameters_to_ndarrays(server.parameters))), history, sampled, evaluated, strategy
+
+
+@pytest.mark.parametrize("inner", list(LEGACY_INNER))
+def test_legacy_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, inner):
+    path = tmp_path / "lips.npz"
+    whole, history, sampled, evaluated, _ = run_legacy(inner)
+    with pytest.raises(Crash):
+        run_legacy(inner, crash_at=CRASH_AT, checkpoint_path=path)
+    assert load_checkpoint(path).round == CRASH_AT - 1
+
+    model, history_after, sampled_after, evaluated_after, strategy = run_legacy(
+        inner, seed=12345, checkpoint_path=path, resume=True)
+    assert strategy.rounds_left == ROUNDS - CRASH_AT + 1
+    assert sampled_after == [s for s in sampled if s[0] >= CRASH_AT]
+    for name, array in whole.items():
+        np.testing.assert_array_equal(model[name], array, err_msg=name)
+    assert evaluated_after == list(range(CRASH_AT - 1, ROUNDS + 1))  # the wrapped strategy sees true rounds
+    masks = dict(history.metrics_distributed_fit["lips-mask-round"])
+    masks_after = dict(history_after.metrics_distributed_fit["lips-mask-round"])
+    # Flower's legacy History counts the rounds of this run from 1.
+    assert {r + CRASH_AT - 1: v for r, v in masks_after.items()} == {
+        r: v for r, v in masks.items() if r >= CRASH_AT}
+
+
+def test_legacy_api_refuses_to_run_past_the_schedule_after_resuming(tmp_path):
+    path = tmp_path / "lips.npz"
+    with pytest.raises(Crash):
+        run_legacy("FedAvgM", crash_at=CRASH_AT, checkpoint_path=path)
+    strategy = LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
+                          checkpoint_path=path, resume=True, **LIPS_KW)
+    with pytest.raises(ValueError, match="ServerConfig\\(num_rounds=strategy.rounds_left\\)"):
+        strategy.configure_fit(ROUNDS - CRASH_AT + 2, ndarrays_to_parameters([]), Mock())
+
+
+def test_legacy_api_reads_the_checkpoint_in_the_constructor(tmp_path):
+    path = tmp_path / "lips.npz"
+    run_legacy("FedAvgM", checkpoint_path=path)
+    with pytest.raises(ValueError, match="every: checkpoint 2, now 3"):
+        LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
+                   checkpoint_path=path, resume=True, **dict(LIPS_KW, every=3))
+    done = LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
+                      checkpoint_path=path, resume="auto", **LIPS_KW)
+    assert done.rounds_left == 0
+    with pytest.raises(ValueError, match="not `param_names`"):
+        LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=[n + "x" for n in NAMES],
+                   num_rounds=ROUNDS, checkpoint_path=path, resume=True, **LIPS_KW
+                   ).initialize_parameters(Mock())
