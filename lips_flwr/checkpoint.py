@@ -14,7 +14,9 @@ A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
   momentum and model copy, FedAdam's moments), keyed by position in the
   chain of wrappers and attribute name;
 * ``python_random``: the state of Python's ``random`` module, from which
-  Flower's strategies sample nodes.
+  Flower's strategies sample nodes;
+* ``history``: the metrics of rounds ``1..r`` (Message API), so that a resumed
+  run's ``Result`` covers the whole run.
 
 The random score needs no RNG state: its scores derive from ``(seed, round,
 layer)``. The file is written through a temporary file and ``os.replace``
@@ -55,6 +57,7 @@ class Checkpoint:
     inertia: dict[str, Any] | None = None
     strategy: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     python_random: list | None = None
+    history: dict | None = None  # per-round metrics (JSON-able), when the adapter keeps them
 
 
 def python_random_state() -> list:
@@ -95,6 +98,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         "num_rounds": checkpoint.num_rounds, "settings": checkpoint.settings,
         "layers": checkpoint.layers, "inertia": inertia, "strategy": kinds,
         "groups": groups, "python_random": checkpoint.python_random,
+        "history": checkpoint.history,
     }
     arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     write_atomic(path, lambda f: np.savez(f, **arrays))
@@ -148,6 +152,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         inertia=inertia,
         strategy={key: (kind, get(f"strategy-{key}")) for key, kind in meta["strategy"].items()},
         python_random=meta["python_random"],
+        history=meta.get("history"),
     )
 
 

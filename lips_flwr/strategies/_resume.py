@@ -98,10 +98,19 @@ def save_round(
     server_round: int,
     model: Mapping[str, np.ndarray],
     to_state: ToState,
+    history: Mapping[str, Mapping[int, Mapping]] | None = None,
 ) -> float:
-    """Write the checkpoint after ``server_round``; returns the seconds it took."""
+    """Write the checkpoint after ``server_round``; returns the seconds it took.
+
+    ``history``: per part, round -> metrics (JSON-able) of the rounds so far.
+    """
     start = time.perf_counter()
     checkpoint = sparsifier.checkpoint(server_round, model)
+    if history is not None:
+        checkpoint.history = {
+            part: {str(r): dict(m) for r, m in rounds.items() if r <= server_round}
+            for part, rounds in history.items()
+        }
     checkpoint.strategy = chain_state(owner, to_state)
     checkpoint.python_random = python_random_state()
     save_checkpoint(path, checkpoint)

@@ -19,6 +19,7 @@ from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import MISSING, model_shapes, reply_problem, serialization_problem
 from ._cache_sync import snapshot_caches, strategy_chain
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
+from ._message_loop import empty_history, history_from_json, run_start
 from ._resume import load_for_resume, ndarray_state, ndarray_value, restore, save_round
 
 CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
@@ -48,34 +49,6 @@ def _from_state(kind: str, arrays: dict[str, np.ndarray]) -> Any:
     return numpy_to_record(arrays) if kind == "arrayrecord" else ndarray_value(kind, arrays)
 
 
-class _ShiftedRounds:
-    """The strategy as Flower's ``start()`` loop sees it when resuming after ``done`` rounds.
-
-    The loop counts the rounds it runs from 1; every strategy method (and
-    subclass overrides, and the wrapped strategy) gets the schedule's round
-    ``done + i`` instead, so masks, configs and results keep their numbers.
-    """
-
-    def __init__(self, strategy: Strategy, done: int) -> None:
-        self._strategy, self._done = strategy, done
-        self.__class__ = type(type(strategy).__name__, (_ShiftedRounds,), {})  # for Flower's log
-
-    def summary(self) -> None:
-        self._strategy.summary()
-
-    def configure_train(self, server_round: int, *args: Any) -> Iterable[Message]:
-        return self._strategy.configure_train(server_round + self._done, *args)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
-        return self._strategy.aggregate_train(server_round + self._done, replies)
-
-    def configure_evaluate(self, server_round: int, *args: Any) -> Iterable[Message]:
-        return self._strategy.configure_evaluate(server_round + self._done, *args)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
-        return self._strategy.aggregate_evaluate(server_round + self._done, replies)
-
-
 class _LIPSMixin:
     """The LIPS hooks; ``super()`` is the strategy whose aggregate is sparsified."""
 
@@ -85,6 +58,7 @@ class _LIPSMixin:
     _lips_resume: bool | str = False
     _lips_checkpoint_seconds: float | None = None
     _lips_saved_round: int | None = None
+    _lips_history: dict | None = None
 
     def _init_checkpoint(self, checkpoint_path: Any, resume_mode: Any) -> None:
         self._lips_checkpoint_path, self._lips_resume = validate_resume(checkpoint_path, resume_mode)
@@ -106,10 +80,12 @@ class _LIPSMixin:
     ) -> Result:
         """Run ``num_rounds`` rounds; also the schedule's ``T`` unless set at construction.
 
-        With ``resume`` and a checkpoint, rounds ``r+1..num_rounds`` run from the
-        checkpoint's model (``initial_arrays`` only fixes names and shapes),
-        and the returned ``Result`` holds those rounds, under their own numbers.
-        Flower's ``[ROUND i/n]`` log lines count the rounds of this call.
+        With ``resume`` and a checkpoint after round ``r``, rounds
+        ``r+1..num_rounds`` run from the checkpoint's model (``initial_arrays``
+        only fixes names and shapes); every method gets the schedule's round
+        numbers, and the returned ``Result`` holds all rounds, those before
+        the checkpoint from the checkpoint. Flower's ``[ROUND i/n]`` log lines
+        count the rounds of this call.
         """
         if self.sparsifier.num_rounds is None:
             self.sparsifier.set_num_rounds(num_rounds)
@@ -118,29 +94,17 @@ class _LIPSMixin:
                 self.sparsifier.num_rounds, num_rounds)
         path = self._lips_checkpoint_path
         resumed = load_for_resume(self.sparsifier, path, self._lips_resume)
+        done, arrays = 0, initial_arrays
+        # Metrics are kept only to checkpoint them: the Result of a resumed run is then whole.
+        self._lips_history = None if path is None else empty_history()
         if resumed is not None:
             restore(self, resumed, path, record_views(initial_arrays), _from_state)
-        else:
-            return super().start(  # type: ignore[misc]
-                grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
-            )
-        done, arrays = resumed.round, numpy_to_record(resumed.model)
-        self._lips_saved_round = done
-        shifted_fn = None
-        if evaluate_fn is not None:
-            def shifted_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-                return evaluate_fn(server_round + done, arrays)
-        result = Strategy.start(
-            _ShiftedRounds(self, done), grid, arrays, num_rounds - done,  # type: ignore[arg-type]
-            timeout, train_config, evaluate_config, shifted_fn,
-        )
-        for history in (result.train_metrics_clientapp, result.evaluate_metrics_clientapp,
-                        result.evaluate_metrics_serverapp):
-            shifted = {r + done: m for r, m in history.items()}
-            history.clear()
-            history.update(shifted)
-        if not len(result.arrays):  # the checkpoint was at the last round: nothing ran
-            result.arrays = arrays
+            done, arrays = resumed.round, numpy_to_record(resumed.model)
+            self._lips_history = history_from_json(resumed.history)
+            self._lips_saved_round = done
+        result = run_start(self, grid, arrays, num_rounds, done, self._lips_history,  # type: ignore[arg-type]
+                           timeout, train_config, evaluate_config, evaluate_fn)
+        self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
         return result
 
     def _save_checkpoint(self, server_round: int, model: ArrayRecord) -> None:
@@ -151,7 +115,7 @@ class _LIPSMixin:
             self._lips_saved_round = server_round
             self._lips_checkpoint_seconds = save_round(
                 self, self.sparsifier, self._lips_checkpoint_path, server_round,
-                record_views(model), _to_state)
+                record_views(model), _to_state, self._lips_history)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -227,11 +191,8 @@ class _LIPSMixin:
         replies = self._drop_mismatched(list(replies))
         before = snapshot_caches(self)
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
-        last = server_round == self.sparsifier.num_rounds
         if arrays is None:
             log_no_aggregate(server_round, self.sparsifier)
-            if last and self._lips_previous is not None:
-                self._save_checkpoint(server_round, self._lips_previous)
             return arrays, metrics
         masks = self.sparsifier.masks_aggregate(server_round)
         aggregate, previous = {}, None
@@ -260,8 +221,6 @@ class _LIPSMixin:
                 for msg in replies if not msg.has_error()
             )
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
-        if last:  # no configure_train follows to save the final model
-            self._save_checkpoint(server_round, arrays)
         if self._lips_checkpoint_seconds is not None:
             lips_metrics["lips-checkpoint-seconds"] = self._lips_checkpoint_seconds
             self._lips_checkpoint_seconds = None
