@@ -14,6 +14,7 @@ use on the device (``nvidia-smi``, all actors' CUDA contexts included, peak).
     python benchmarks/bench_gpu.py                  # one GPU: 3 fractions x 8 rounds, < 9 minutes
     python benchmarks/bench_gpu.py --smoke          # no GPU: 4 clients, 2 rounds, on the CPU (~1 minute)
     python benchmarks/bench_gpu.py --fractions 0.1,0.2 --rounds 5 --max-run-seconds 150
+    python benchmarks/bench_gpu.py --json rows.json  # also write the rows, after each fraction
 
 Each run is cut after ``--max-run-seconds`` (its rounds so far still count).
 """
@@ -68,6 +69,24 @@ class GpuMemoryPoller:
             self._thread.join(timeout=15)
 
 
+def accelerator_line() -> str:
+    """torch and its CUDA build, and the GPU as nvidia-smi names it (no CUDA context here)."""
+    try:
+        import torch  # noqa: PLC0415
+
+        line = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}"
+    except ImportError:
+        line = "torch not installed"
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False).stdout.strip()
+        line += f"; GPU: {out or '?'}"
+    else:
+        line += "; no nvidia-smi"
+    return line
+
+
 def one_run(flower, out: Path, fraction: float, args) -> dict:
     results = out / f"gpu-{fraction}.json"
     progress = Path(f"{results}.progress")
@@ -120,12 +139,15 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--max-run-seconds", type=float, default=150)
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the rows here, rewritten after each fraction")
     args = parser.parse_args()
     if args.smoke:
         args.fractions, args.clients, args.rounds = "0", 4, 2
         args.local_epochs, args.device, args.max_run_seconds = 1, "cpu", 300
     print(machine_line())
-    print(code_line(), flush=True)
+    print(code_line())
+    print(accelerator_line(), flush=True)
     started = time.time()
     rows = []
     with tempfile.TemporaryDirectory(prefix="lips-gpu-") as tmp:
@@ -133,6 +155,8 @@ def main() -> None:
         with local_flower(out / "flwr-home", pythonpath=[str(ROOT)], cwd=ROOT) as flower:
             for fraction in (float(f) for f in args.fractions.split(",")):
                 rows.append(one_run(flower, out, fraction, args))
+                if args.json:
+                    args.json.write_text(json.dumps(rows, indent=1))
     print(f"\n{args.clients} clients, ResNet8, {args.local_epochs} local epochs of 100 samples "
           f"(batch 100), device={args.device}")
     print(table([[r["fraction"], r["status"], r["rounds"], f"{r['startup']:.0f}",
