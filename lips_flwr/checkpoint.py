@@ -184,6 +184,16 @@ def validate_resume(checkpoint_path: Any, resume: Any) -> tuple[str | None, bool
     return (None if checkpoint_path is None else os.fspath(checkpoint_path)), resume
 
 
+def resume_option(value: bool | str) -> bool | str:
+    """A run-config value (``"no"``, ``"yes"``, ``"auto"`` or a bool) as the strategies' ``resume``."""
+    choices = {"no": False, "false": False, "yes": True, "true": True, "auto": "auto"}
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return choices[value.strip().lower()]
+    raise ValueError(f"`resume` must be one of 'no', 'yes', 'auto', got {value!r}")
+
+
 def checkpoint_to_resume(checkpoint_path: str | None, resume: bool | str) -> Checkpoint | None:
     """The checkpoint to continue from: ``None`` to start at round 1.
 
@@ -209,6 +219,6 @@ def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarr
 
 __all__ = [
     "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "checkpoint_to_resume",
-    "load_checkpoint", "model_mismatch", "python_random_state", "restore_python_random",
+    "load_checkpoint", "model_mismatch", "python_random_state", "restore_python_random", "resume_option",
     "save_checkpoint", "settings_mismatch", "validate_resume",
 ]

@@ -34,8 +34,10 @@ from pathlib import Path
 
 import pytest
 
+from lips_flwr.checkpoint import load_checkpoint
 from lips_flwr.local_run import (
     LocalFlower,
+    _cmdline,
     _free_port,
     _tree,
     find_processes,
@@ -346,6 +348,55 @@ def test_supernode_lost_mid_run(make_deployment, tmp_path: Path, how: str):
     _check_masks(results, rounds=2, mask_rounds={1, 2})
     print(f"\nSuperNode {how} in round 2: run {run_id} took {time.monotonic() - t0:.1f}s "
           f"({time.monotonic() - t_kill:.1f}s after the kill)")
+
+
+def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_path: Path):
+    """The ServerApp process is SIGKILLed after round 2 of 4; the same `flwr run` resumes.
+
+    The README's restart: the run config names a checkpoint and resume='auto'.
+    The second run starts at the round after the checkpoint, masks on the same
+    schedule (every=2: rounds 1 and 3), and returns the Result of all 4 rounds
+    (the earlier ones from the checkpoint), which the app writes to its file.
+    """
+    dep = make_deployment()
+    dep.start_superlink()
+    for i in range(3):
+        dep.start_supernode(i, 3)
+    dep.wait_for_nodes(3)
+
+    t0 = time.monotonic()
+    results, checkpoint = tmp_path / "results.json", tmp_path / "state" / "lips.npz"
+    config = _run_config(rounds=4, every=2, results=results) + (
+        f" checkpoint-path='{checkpoint}' resume='auto'")
+    first = dep.run(config)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not checkpoint.exists() or load_checkpoint(checkpoint).round < 2:
+        assert time.monotonic() < deadline, dep.logs(first)[-4000:]
+        time.sleep(0.2)
+    servers = [pid for pid in _tree([dep.procs["superlink"].pid])
+               if any("flwr-serverapp" in arg for arg in _cmdline(pid))]
+    assert servers, "no flwr-serverapp process under the SuperLink"
+    for pid in servers:
+        os.kill(pid, signal.SIGKILL)
+    done = load_checkpoint(checkpoint).round  # the last checkpoint written before the kill
+    assert 2 <= done < 4
+    dep.flwr("stop", first, dep.connection, timeout=60)
+    assert not dep.status(first).endswith("completed")
+    assert not results.exists()  # the app writes it at the end
+
+    second = dep.run(config)
+    status = dep.wait(second, results)
+    logs = dep.logs(second)
+    assert status == "finished:completed", logs[-4000:]
+    assert f"rounds 1-{done} are done, continuing with round {done + 1} of 4" in logs, logs[-4000:]
+    assert {int(r) for r in re.findall(r"LIPS: round (\d+) masked", logs)} == {
+        r for r in (1, 3) if r > done}, logs[-4000:]
+    _check_masks(results, rounds=4, mask_rounds={1, 3})  # all 4 rounds, on one schedule
+    final = load_checkpoint(checkpoint)
+    assert final.round == 4 and sorted(final.history["train"], key=int) == ["1", "2", "3", "4"]
+    assert [p.name for p in checkpoint.parent.iterdir()] == ["lips.npz"]  # no temporary file left
+    print(f"\nServer killed after round {done}: resumed and finished in "
+          f"{time.monotonic() - t0:.1f}s in all")
 
 
 def test_insecure_local_try(make_deployment, tmp_path: Path):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from lips_flwr.checkpoint import resume_option
 from lips_flwr.data import DATASET_INFO
 from lips_flwr.layers import select_layers
 from lips_flwr.models import build_model
@@ -75,15 +78,29 @@ class FreezeMiddleFedAvg(FedAvg):
 
 
 class RecordingLIPS(LIPS):
-    """LIPS that writes the run's JSON results file (atomically) after every round."""
+    """LIPS that writes the run's JSON results file (atomically) after every round.
+
+    A resumed run (``resume`` with a checkpoint) keeps the rounds of the
+    results file that come before its first round.
+    """
 
     def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int, **kwargs):
         super().__init__(strategy, **kwargs)
         self.results_path, self.eval_every = results_path, eval_every
         self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
         self.started = time.perf_counter()
+        self.first_round: int | None = None
+
+    def _keep_earlier_rounds(self, first_round: int) -> None:
+        path = Path(self.results_path)
+        if first_round > 1 and self.results_path and path.exists():
+            earlier = json.loads(path.read_text()).get("rounds", {})
+            self.record["rounds"] = {r: v for r, v in earlier.items() if int(r) < first_round}
 
     def _save(self, server_round: int, part: str, metrics) -> None:
+        if self.first_round is None:
+            self.first_round = server_round
+            self._keep_earlier_rounds(server_round)
         entry = self.record["rounds"].setdefault(str(server_round), {})
         entry[part] = dict(metrics or {})
         entry["seconds"] = round(time.perf_counter() - self.started, 3)
@@ -143,6 +160,8 @@ def main(grid: Grid, context: Context) -> None:
         layers=algo.layers,
         inertia_t0=int(cfg["inertia-t0"]) if int(cfg["inertia-t0"]) > 0 else None,
         seed=int(cfg["seed"]),
+        checkpoint_path=str(cfg["checkpoint-path"]) or None,
+        resume=resume_option(cfg["resume"]),
     )
     strategy.start(
         grid=grid,

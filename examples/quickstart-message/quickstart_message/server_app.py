@@ -6,6 +6,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from lips_flwr.checkpoint import resume_option
 from lips_flwr.models import DigitsCNN
 from lips_flwr.results import write_json_atomic
 from lips_flwr.strategies import LIPS
@@ -38,6 +39,9 @@ def main(grid: Grid, context: Context) -> None:
         score=str(cfg["score"]),
         mode=str(cfg["mode"]),
         seed=int(cfg["seed"]),
+        # A restarted server continues the run: see the README's "Restarting the server".
+        checkpoint_path=str(cfg["checkpoint-path"]) or None,
+        resume=resume_option(cfg["resume"]),
     )
     result = strategy.start(
         grid=grid,
