@@ -20,7 +20,7 @@ A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
 
 The random score needs no RNG state: its scores derive from ``(seed, round,
 layer)``. The file is written through a temporary file and ``os.replace``
-(:func:`lips_flwr.results.write_atomic`): a crash leaves the old checkpoint or
+(:mod:`lips_flwr.npz_store`): a crash leaves the old checkpoint or
 the new one, never half of one.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from .results import write_atomic
+from .npz_store import read_groups, write_groups
 
 FORMAT = "lips-flwr-checkpoint"
 VERSION = 1
 RESUME_CHOICES = (False, True, "auto")
-_META = "__meta__"
 
 
 @dataclass
@@ -58,6 +56,7 @@ class Checkpoint:
     strategy: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
     python_random: list | None = None
     history: dict | None = None  # per-round metrics (JSON-able), when the adapter keeps them
+    run_key: str | None = None  # names the clients' persisted state of this run
 
 
 def python_random_state() -> list:
@@ -73,35 +72,26 @@ def restore_python_random(state: list) -> None:
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
     """Write ``checkpoint`` to ``path`` atomically (the parent folder is created)."""
-    arrays: dict[str, np.ndarray] = {}
-    groups: dict[str, list[str]] = {}
-
-    def put(group: str, tensors: Mapping[str, np.ndarray]) -> None:
-        groups[group] = list(tensors)
-        for i, tensor in enumerate(tensors.values()):
-            arrays[f"{group}/{i}"] = np.asarray(tensor)
-
-    put("model", checkpoint.model)
+    groups: dict[str, Mapping[str, np.ndarray]] = {"model": checkpoint.model}
     inertia = None
     if checkpoint.inertia is not None:
         inertia = {"t0": checkpoint.inertia["t0"]}
         for part in ("reference", "previous"):
             inertia[part] = checkpoint.inertia.get(part) is not None
             if inertia[part]:
-                put(f"inertia-{part}", checkpoint.inertia[part])
+                groups[f"inertia-{part}"] = checkpoint.inertia[part]
     kinds = {}
     for key, (kind, tensors) in checkpoint.strategy.items():
         kinds[key] = kind
-        put(f"strategy-{key}", tensors)
+        groups[f"strategy-{key}"] = tensors
     meta = {
         "format": FORMAT, "version": VERSION, "round": checkpoint.round,
         "num_rounds": checkpoint.num_rounds, "settings": checkpoint.settings,
         "layers": checkpoint.layers, "inertia": inertia, "strategy": kinds,
-        "groups": groups, "python_random": checkpoint.python_random,
-        "history": checkpoint.history,
+        "python_random": checkpoint.python_random, "history": checkpoint.history,
+        "run_key": checkpoint.run_key,
     }
-    arrays[_META] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    write_atomic(path, lambda f: np.savez(f, **arrays))
+    write_groups(path, groups, meta)
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -114,45 +104,32 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     ValueError
         The file is not a LIPS checkpoint, is damaged, or has another version.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no LIPS checkpoint at {str(path)!r}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            files = {name: npz[name] for name in npz.files}
-        meta = json.loads(files.pop(_META).tobytes().decode("utf-8"))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as err:
-        raise ValueError(f"{str(path)!r} is not a readable LIPS checkpoint: {err}") from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    groups, meta = read_groups(path, "LIPS checkpoint")
+    if meta.get("format") != FORMAT:
         raise ValueError(f"{str(path)!r} is not a LIPS checkpoint")
     if meta.get("version") != VERSION:
         raise ValueError(
             f"{str(path)!r} is a version {meta.get('version')} LIPS checkpoint; this "
             f"lips-flwr reads version {VERSION}"
         )
-
-    def get(group: str) -> dict[str, np.ndarray]:
-        names = meta["groups"][group]
-        try:
-            return {name: files[f"{group}/{i}"] for i, name in enumerate(names)}
-        except KeyError as err:
-            raise ValueError(f"{str(path)!r} is damaged: {group!r} lacks {err}") from err
-
+    if "model" not in groups:
+        raise ValueError(f"{str(path)!r} is damaged: it holds no model")
     inertia = None
     if meta["inertia"] is not None:
         inertia = {"t0": meta["inertia"]["t0"]}
         for part in ("reference", "previous"):
-            inertia[part] = get(f"inertia-{part}") if meta["inertia"][part] else None
+            inertia[part] = groups.get(f"inertia-{part}") if meta["inertia"][part] else None
     return Checkpoint(
         round=int(meta["round"]),
         num_rounds=int(meta["num_rounds"]),
         settings=meta["settings"],
-        model=get("model"),
+        model=groups["model"],
         layers=meta["layers"],
         inertia=inertia,
-        strategy={key: (kind, get(f"strategy-{key}")) for key, kind in meta["strategy"].items()},
+        strategy={key: (kind, groups[f"strategy-{key}"]) for key, kind in meta["strategy"].items()},
         python_random=meta["python_random"],
         history=meta.get("history"),
+        run_key=meta.get("run_key"),
     )
 
 

@@ -1,0 +1,62 @@
+"""Named groups of arrays plus JSON metadata in one ``.npz`` file, written atomically.
+
+The format of the strategy checkpoint (:mod:`lips_flwr.checkpoint`) and of
+the clients' persisted state (:mod:`lips_flwr.clients.persist`). Arrays keep
+their names, order, dtype and shape (0-d too); the file is read with
+``allow_pickle=False``, so loading one never runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .results import write_atomic
+
+_META = "__meta__"
+
+
+def write_groups(
+    path: str | os.PathLike, groups: Mapping[str, Mapping[str, np.ndarray]], meta: Mapping
+) -> None:
+    """Write ``groups`` (group -> name -> array) and ``meta`` (JSON-able) to ``path`` atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    names: dict[str, list[str]] = {}
+    for group, tensors in groups.items():
+        names[group] = list(tensors)
+        for i, tensor in enumerate(tensors.values()):
+            arrays[f"{group}/{i}"] = np.asarray(tensor)  # positions: names may hold any character
+    header = json.dumps({**meta, "groups": names}).encode("utf-8")
+    arrays[_META] = np.frombuffer(header, dtype=np.uint8)
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def read_groups(path: str | os.PathLike, what: str) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """Read a file written by :func:`write_groups`: ``(groups, meta)``.
+
+    Raises ``FileNotFoundError`` when there is no file, and ``ValueError``
+    naming ``what`` the file should be when it is unreadable or damaged.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {str(path)!r}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            files = {name: npz[name] for name in npz.files}
+        meta = json.loads(files.pop(_META).tobytes().decode("utf-8"))
+        names = meta["groups"]
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError,
+            UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not a readable {what}: {err!r}") from err
+    groups = {}
+    for group, members in names.items():
+        try:
+            groups[group] = {name: files[f"{group}/{i}"] for i, name in enumerate(members)}
+        except KeyError as err:
+            raise ValueError(f"{str(path)!r} is damaged: {group!r} lacks {err}") from err
+    return groups, meta
