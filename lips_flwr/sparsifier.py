@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import numbers
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ KEY_TAU = "lips-tau"
 KEY_SCORE = "lips-score"
 KEY_SEED = "lips-seed"
 KEY_LAYERS = "lips-layers"  # JSON list of positions in the model's order
+KEY_RUN = "lips-run-key"  # names the run across restarts (clients persist their state under it)
 
 
 class TransientSparsifier:
@@ -108,6 +110,12 @@ class TransientSparsifier:
             self.set_num_rounds(num_rounds)
         self._layer_cache: tuple[tuple, list[str]] | None = None
         self.inertia = None if inertia_t0 is None else InertiaTracker(inertia_t0)
+        # Set by the adapters when they checkpoint: a new run gets a new key, a resumed one keeps it.
+        self.run_key: str | None = None
+
+    def new_run_key(self) -> None:
+        """Name a fresh run (one that checkpoints) for the clients' persisted state."""
+        self.run_key = uuid.uuid4().hex
 
     def needs_aggregate(self, server_round: int) -> bool:
         """Whether the adapters must hand this round's aggregate over as numpy."""
@@ -153,7 +161,7 @@ class TransientSparsifier:
 
     def client_config(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> dict:
         """The ``lips-*`` keys of this round's train config."""
-        config: dict = {KEY_ROUND: server_round, KEY_MODE: self.mode}
+        config: dict = {KEY_ROUND: server_round, KEY_MODE: self.mode, **self.evaluate_config()}
         if self.mode == "client":
             tau = self.schedule.tau(server_round)
             config[KEY_TAU] = tau
@@ -163,6 +171,10 @@ class TransientSparsifier:
                 config[KEY_SEED] = self.seed
                 config[KEY_LAYERS] = json.dumps([position[n] for n in self.layer_names(arrays)])
         return config
+
+    def evaluate_config(self) -> dict:
+        """The ``lips-*`` keys of the evaluate config: the run key, when there is one."""
+        return {} if self.run_key is None else {KEY_RUN: self.run_key}
 
     def masks_aggregate(self, server_round: int) -> bool:
         """Whether the aggregate of ``server_round`` is sparsified on the server."""
@@ -251,6 +263,7 @@ class TransientSparsifier:
             model=dict(model),
             layers=None if self._layer_cache is None else list(self._layer_cache[1]),
             inertia=None if self.inertia is None else self.inertia.state(),
+            run_key=self.run_key,
         )
 
     def resume_from(self, checkpoint: Checkpoint) -> None:
@@ -277,6 +290,7 @@ class TransientSparsifier:
             self._layer_cache = (signature, list(checkpoint.layers))
         if self.inertia is not None and checkpoint.inertia is not None:
             self.inertia.load_state(checkpoint.inertia)
+        self.run_key = checkpoint.run_key
 
     def describe(self) -> list[tuple[str, object]]:
         """(label, value) pairs for the adapters' ``summary()`` log tree."""

@@ -21,6 +21,7 @@ from flwr.common.constant import ErrorCode
 
 from ..layers import batch_norm_names
 from ..records import numpy_to_record, record_views
+from .persist import load_state, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 ClientAppCallable = Callable[[Message, Context], Message]
@@ -123,6 +124,23 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
         return reply
 
     return fedbn_mod
+
+
+def persistent_state_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Keep this client's LIPS and FedBN state on disk, so that a resumed server run continues with it.
+
+    Put it first: ``ClientApp(mods=[persistent_state_mod, fedbn_mod, lips_mod])``.
+    Does nothing unless the node config (or run config) names a
+    ``lips-state-dir`` and the server is a LIPS strategy with a
+    ``checkpoint_path``; see :mod:`lips_flwr.clients.persist`.
+    """
+    found = _single(msg, ConfigRecord)
+    path = state_path(context, found[1] if found else {})
+    load_state(context.state, path)
+    reply = call_next(msg, context)
+    if _kind(msg) == MessageType.TRAIN and not reply.has_error():
+        save_state(context.state, path)
+    return reply
 
 
 fedbn_mod = make_fedbn_mod()

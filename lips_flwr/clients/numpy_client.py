@@ -12,6 +12,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from ..layers import batch_norm_names
+from .persist import load_state, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 _OPTIONAL = ("get_properties", "get_parameters", "evaluate")
@@ -45,7 +46,9 @@ class LIPSNumPyClient(NumPyClient):
     client mode, on mask rounds the received model is masked with last round's
     update (magnitude when there is none) before the user's ``fit`` trains.
     State lives in ``context.state``, which outlives the ephemeral client
-    objects of a simulation. Flower sees the same optional methods
+    objects of a simulation; with a ``lips-state-dir`` in the node config and
+    a checkpointing server it is also kept on disk for a resumed run
+    (:mod:`lips_flwr.clients.persist`). Flower sees the same optional methods
     (``evaluate``, ``get_parameters``, ``get_properties``) as the user's client
     implements.
 
@@ -162,6 +165,8 @@ class LIPSNumPyClient(NumPyClient):
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
         """Restore local tensors, mask on client-mode mask rounds, train, track the update."""
         state = self._lips_context.state
+        saved_at = state_path(self._lips_context, config)  # a resumed run: see clients.persist
+        load_state(state, saved_at)
         received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
         start, mask_metrics, round_config = before_training(
             state, received, config, (self._lips_context.node_id,)
@@ -170,6 +175,7 @@ class LIPSNumPyClient(NumPyClient):
         named = self._named(trained, "the client's fit returned")
         save_local(state, named, self._lips_local)
         lips_metrics = after_training(state, start, named, round_config)
+        save_state(state, saved_at)
         return trained, num_examples, {**(metrics or {}), **lips_metrics, **mask_metrics}
 
     def evaluate(
@@ -177,5 +183,6 @@ class LIPSNumPyClient(NumPyClient):
     ) -> tuple[float, int, dict[str, Scalar]]:
         """Evaluate the received model with this client's local tensors restored."""
         named = self._named(parameters, "the server sent")
+        load_state(self._lips_context.state, state_path(self._lips_context, config))
         restored = restore_local(self._lips_context.state, named, self._lips_local)
         return self._inner("evaluate")(list(restored.values()), config)

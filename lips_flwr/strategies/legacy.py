@@ -74,6 +74,8 @@ class _LegacyLIPSMixin:
         found = load_for_resume(self.sparsifier, self._lips_checkpoint_path, self._lips_resume)
         if found is not None:
             self._lips_resumed, self._lips_done = found, found.round
+        elif self._lips_checkpoint_path is not None:
+            self.sparsifier.new_run_key()
 
     @property
     def rounds_left(self) -> int:
@@ -235,8 +237,13 @@ class _LegacyLIPSMixin:
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return super().configure_evaluate(  # type: ignore[misc]
+        instructions = super().configure_evaluate(  # type: ignore[misc]
             self._round(server_round), parameters, client_manager)
+        extra = self.sparsifier.evaluate_config()  # the run key, when checkpointing
+        if not extra:
+            return instructions
+        return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **extra}))
+                for proxy, ins in instructions]
 
     def aggregate_evaluate(
         self,

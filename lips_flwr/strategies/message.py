@@ -97,6 +97,8 @@ class _LIPSMixin:
         done, arrays = 0, initial_arrays
         # Metrics are kept only to checkpoint them: the Result of a resumed run is then whole.
         self._lips_history = None if path is None else empty_history()
+        if path is not None and resumed is None:
+            self.sparsifier.new_run_key()
         if resumed is not None:
             restore(self, resumed, path, record_views(initial_arrays), _from_state)
             done, arrays = resumed.round, numpy_to_record(resumed.model)
@@ -135,6 +137,15 @@ class _LIPSMixin:
         model = record_to_numpy(arrays) if needs_model else {}
         config.update(self.sparsifier.client_config(server_round, model))
         return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The wrapped strategy's evaluate messages; the run key added when checkpointing."""
+        extra = self.sparsifier.evaluate_config()
+        if extra:
+            config = ConfigRecord({**dict(config), **extra})
+        return super().configure_evaluate(server_round, arrays, config, grid)  # type: ignore[misc]
 
     def _weight_key(self) -> str | None:
         """The MetricRecord key the wrapped chain weights replies by (FedAvg's ``weighted_by_key``)."""

@@ -111,13 +111,14 @@ class Deployment:
             time.sleep(0.3)
         raise TimeoutError(f"SuperLink not listening after 60 s:\n{self.log('superlink')[-3000:]}")
 
-    def start_supernode(self, i: int, num_partitions: int, *extra: str) -> subprocess.Popen:
+    def start_supernode(self, i: int, num_partitions: int, *extra: str,
+                        node_config: str = "") -> subprocess.Popen:
         # README: flower-supernode --superlink ... --root-certificates ... --port ... --node-config ...
         security = ["--root-certificates", str(self.certs / "ca.crt")] if self.tls else ["--insecure"]
         return self.start(f"supernode-{i}", [
             "flower-supernode", "--superlink", f"127.0.0.1:{self.port}", *security,
             "--port", str(_free_port()), *extra,
-            "--node-config", f"partition-id={i} num-partitions={num_partitions}",
+            "--node-config", f"partition-id={i} num-partitions={num_partitions} {node_config}".strip(),
         ])
 
     def wait_for_nodes(self, n: int, timeout: float = 90) -> None:
@@ -353,15 +354,17 @@ def test_supernode_lost_mid_run(make_deployment, tmp_path: Path, how: str):
 def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_path: Path):
     """The ServerApp process is SIGKILLed after round 2 of 4; the same `flwr run` resumes.
 
-    The README's restart: the run config names a checkpoint and resume='auto'.
-    The second run starts at the round after the checkpoint, masks on the same
-    schedule (every=2: rounds 1 and 3), and returns the Result of all 4 rounds
-    (the earlier ones from the checkpoint), which the app writes to its file.
+    The README's restart: the run config names a checkpoint and resume='auto',
+    and each SuperNode's node config a lips-state-dir. The second run starts
+    at the round after the checkpoint, masks on the same schedule (every=2:
+    rounds 1 and 3), its clients continue with their FedBN state from disk,
+    and it returns the Result of all 4 rounds (the earlier ones from the
+    checkpoint), which the app writes to its file.
     """
     dep = make_deployment()
     dep.start_superlink()
     for i in range(3):
-        dep.start_supernode(i, 3)
+        dep.start_supernode(i, 3, node_config=f"lips-state-dir='{tmp_path / 'clients'}'")
     dep.wait_for_nodes(3)
 
     t0 = time.monotonic()
@@ -395,6 +398,11 @@ def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_
     final = load_checkpoint(checkpoint)
     assert final.round == 4 and sorted(final.history["train"], key=int) == ["1", "2", "3", "4"]
     assert [p.name for p in checkpoint.parent.iterdir()] == ["lips.npz"]  # no temporary file left
+    # Each client kept its FedBN tensors under the run's key, and the resumed run read them.
+    assert sorted(p.name for p in (tmp_path / "clients").iterdir()) == [
+        f"lips-client-{final.run_key}-{i}.npz" for i in range(3)]
+    restored = sum(dep.log(f"supernode-{i}").count("LIPS: client state restored") for i in range(3))
+    assert restored == 3, [dep.log(f"supernode-{i}")[-2000:] for i in range(3)]  # once per node
     print(f"\nServer killed after round {done}: resumed and finished in "
           f"{time.monotonic() - t0:.1f}s in all")
 

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 
 from lips_flwr.checkpoint import load_checkpoint
 from lips_flwr.strategies import LIPS, LegacyLIPS, LIPSFedAvg
-from tests.unit.flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
+from flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 
 ROUNDS, CRASH_AT = 8, 5  # round 5 is a mask round (every=2): the first resumed round masks
 LIPS_KW = dict(tau0=0.5, every=2, inertia_t0=2)
@@ -296,3 +296,61 @@ def test_legacy_api_reads_the_checkpoint_in_the_constructor(tmp_path):
         LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=[n + "x" for n in NAMES],
                    num_rounds=ROUNDS, checkpoint_path=path, resume=True, **LIPS_KW
                    ).initialize_parameters(Mock())
+
+
+# ----- the run key: names the clients' persisted state across restarts -----
+
+def spy_run_keys(g) -> list:
+    answer, seen = g.send_and_receive.side_effect, []
+
+    def spy(messages, timeout):
+        messages = list(messages)
+        seen.extend((m.metadata.message_type, m.content["config"].get("lips-run-key")) for m in messages)
+        return answer(messages, timeout)
+
+    g.send_and_receive.side_effect = spy
+    return seen
+
+
+def test_run_key_is_sent_in_train_and_evaluate_configs_and_kept_on_resume(tmp_path, task_identity):
+    path = tmp_path / "lips.npz"
+    make = lambda **kw: LIPS(INNER["FedAvg"](), checkpoint_path=path, **LIPS_KW, **kw)  # noqa: E731
+    g = message_grid([], crash_at=CRASH_AT)
+    first = spy_run_keys(g)
+    with pytest.raises(Crash):
+        make().start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
+    g = message_grid([])
+    second = spy_run_keys(g)
+    make(resume=True).start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
+    keys = {key for _, key in first + second}
+    assert len(keys) == 1 and len(keys.pop()) == 32
+    assert {kind for kind, _ in first} == {"train", "evaluate"}
+    g = message_grid([])
+    fresh = spy_run_keys(g)
+    make(resume=False).start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=2)
+    assert {key for _, key in fresh}.isdisjoint({key for _, key in first})  # a new run, a new key
+    g = message_grid([])
+    none = spy_run_keys(g)
+    LIPS(INNER["FedAvg"](), **LIPS_KW).start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=2)
+    assert {key for _, key in none} == {None}  # no checkpoint: clients keep nothing on disk
+
+
+def test_legacy_run_key_in_fit_and_evaluate_instructions(tmp_path):
+    path = tmp_path / "lips.npz"
+    run_legacy("FedAvgM", checkpoint_path=path)
+    key = load_checkpoint(path).run_key
+    # A strategy resumed from that checkpoint sends the same key.
+    strategy = LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
+                          checkpoint_path=path, resume=True, **LIPS_KW)
+    assert strategy.sparsifier.run_key == key and len(key) == 32
+    manager = SimpleClientManager()
+    sampled: list = []
+    for cid in range(1, 5):
+        manager.register(legacy_proxy(cid, sampled))
+    params = ndarrays_to_parameters(list(tiny_model().values()))
+    fresh = LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
+                       checkpoint_path=tmp_path / "new.npz", **LIPS_KW)
+    fit = fresh.configure_fit(1, params, manager)
+    evaluate = fresh.configure_evaluate(1, params, manager)
+    keys = {ins.config["lips-run-key"] for _, ins in fit + evaluate}
+    assert keys == {fresh.sparsifier.run_key} and key not in keys

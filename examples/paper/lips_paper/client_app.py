@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from lips_flwr.clients import fedbn_mod, lips_mod
+from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.data import DATASET_INFO, client_split, load_dataset
 from lips_flwr.layers import select_layers
 from lips_flwr.models import build_model
@@ -31,7 +31,7 @@ def fedbn_unless_fedavg(msg: Message, context: Context, call_next) -> Message:
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[fedbn_unless_fedavg, lips_mod])
+app = ClientApp(mods=[persistent_state_mod, fedbn_unless_fedavg, lips_mod])
 
 
 def device_of(cfg) -> torch.device:

@@ -1,7 +1,9 @@
-"""ClientApp (Message API): plain PyTorch training plus two LIPS mods.
+"""ClientApp (Message API): plain PyTorch training plus the LIPS mods.
 
 ``fedbn_mod`` keeps batch-norm layers local; ``lips_mod`` masks the local copy
-when the server runs LIPS in ``mode="client"`` (a no-op in server mode).
+when the server runs LIPS in ``mode="client"`` (a no-op in server mode);
+``persistent_state_mod`` keeps that client state on disk for a resumed server
+run when the node config names a ``lips-state-dir`` (a no-op otherwise).
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 import torch
 from flwr.clientapp import ClientApp
 
-from lips_flwr.clients import fedbn_mod, lips_mod
+from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.data import load_digits_client
 from lips_flwr.models import DigitsCNN
 from lips_flwr.training import evaluate, train
 
 torch.set_num_threads(1)  # many clients share the CPU cores
 
-app = ClientApp(mods=[fedbn_mod, lips_mod])
+app = ClientApp(mods=[persistent_state_mod, fedbn_mod, lips_mod])
 
 
 def _setup(msg: Message, context: Context):
