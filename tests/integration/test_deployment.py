@@ -251,6 +251,16 @@ def _run_config(rounds: int, every: int, results: Path) -> str:
             f"results-path='{results}'")
 
 
+def _resume_config(results: Path, checkpoint: Path) -> str:
+    """The README's restart: 4 rounds, masks on rounds 1 and 3, a checkpoint, resume='auto'."""
+    return _run_config(rounds=4, every=2, results=results) + (
+        f" checkpoint-path='{checkpoint}' resume='auto'")
+
+
+def _state_node_config(folder: Path) -> str:
+    return f"lips-state-dir='{folder}'"
+
+
 def _check_masks(results: Path, rounds: int, mask_rounds: set[int]) -> None:
     data = json.loads(results.read_text())  # valid JSON, written atomically by the ServerApp
     assert data["run_config"]["num-server-rounds"] == rounds
@@ -364,13 +374,12 @@ def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_
     dep = make_deployment()
     dep.start_superlink()
     for i in range(3):
-        dep.start_supernode(i, 3, node_config=f"lips-state-dir='{tmp_path / 'clients'}'")
+        dep.start_supernode(i, 3, node_config=_state_node_config(tmp_path / "clients"))
     dep.wait_for_nodes(3)
 
     t0 = time.monotonic()
     results, checkpoint = tmp_path / "results.json", tmp_path / "state" / "lips.npz"
-    config = _run_config(rounds=4, every=2, results=results) + (
-        f" checkpoint-path='{checkpoint}' resume='auto'")
+    config = _resume_config(results, checkpoint)
     first = dep.run(config)
     deadline = time.monotonic() + TIMEOUT_S
     while not checkpoint.exists() or load_checkpoint(checkpoint).round < 2:
@@ -472,16 +481,19 @@ def test_readme_deployment_commands_match_the_tests():
     assert flags("flower-superlink") == [tls, {"--host", "--port", "--insecure"},
                                          tls | {"--enable-supernode-auth"}]
     node = {"--superlink", "--port", "--node-config"}
-    assert flags("flower-supernode") == [node | {"--root-certificates"}, node | {"--insecure"},
-                                         node | {"--root-certificates",
-                                                 "--auth-supernode-private-key"}]
+    tls_node = node | {"--root-certificates"}
+    assert flags("flower-supernode") == [tls_node, tls_node, node | {"--insecure"},
+                                         tls_node | {"--auth-supernode-private-key"}]
     assert all(f == {"--format", "--run-config"} for f in flags("flwr", "run"))
     assert flags("make_certs.sh") == [{"--out", "--supernode-keys"}]
     assert flags("flwr", "supernode", "register")
     flwr_commands = [argv[k:] for argv in commands for k, w in enumerate(argv) if w.endswith("flwr")]
-    assert len(flwr_commands) == 9, flwr_commands
+    assert len(flwr_commands) == 10, flwr_commands
     for argv in flwr_commands:  # every `flwr` command names its SuperLink connection
         assert TLS in argv or INSECURE in argv, argv
     assert _config_toml(9093, Path("$D/certs"), TLS) in section
     for rounds, every in ((2, 2), (1, 1)):  # test_tls_deployment_runs_lips, test_insecure_local_try
         assert _run_config(rounds, every, Path("$D/results.json")) in section
+    # test_server_killed_mid_run_resumes_from_its_checkpoint
+    assert _resume_config(Path("$D/results.json"), Path("$D/state/lips.npz")) in section
+    assert f'num-partitions=3 {_state_node_config(Path("$D/client-state"))}"' in section
