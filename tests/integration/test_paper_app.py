@@ -8,17 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from lips_flwr.checkpoint import load_checkpoint
+
 pytestmark = pytest.mark.integration
 APP = Path(__file__).resolve().parents[2] / "examples" / "paper"
 RUN_TIMEOUT_S = float(os.environ.get("LIPS_IT_RUN_TIMEOUT", "240"))
 
 
 def test_paper_app_runs_lips_and_records_every_round(flwr, tmp_path):
-    results = tmp_path / "lips-seed0.json"
+    """Also with a checkpoint and the clients' state kept on disk (simulation: run-config folder)."""
+    results, checkpoint, states = tmp_path / "lips-seed0.json", tmp_path / "lips.npz", tmp_path / "clients"
     run_config = (
         "algorithm='lips' dataset='digits' model='digits-cnn' num-server-rounds=3 every=2 "
         "tau0=0.5 samples-per-client=60 test-samples=80 alpha=0.5 local-epochs=1 batch-size=30 "
-        f"lr=0.05 results-path='{results}'"
+        f"lr=0.05 results-path='{results}' checkpoint-path='{checkpoint}' lips-state-dir='{states}'"
     )
     run_id = flwr.run(APP, run_config, "num-supernodes=3 client-resources-num-cpus=1")
     status = flwr.wait(run_id, timeout=RUN_TIMEOUT_S)
@@ -38,6 +41,12 @@ def test_paper_app_runs_lips_and_records_every_round(flwr, tmp_path):
     # inertia-t0 = 2 (default): round 3 is compared with round 2, layer by layer
     assert {k for k in rounds["3"]["train"] if k.startswith("inertia-cos-t0/")} == {
         f"inertia-cos-t0/{n}" for n in ("conv1.weight", "conv2.weight", "conv3.weight", "fc.weight")}
+    saved = load_checkpoint(checkpoint)
+    assert saved.round == 3 and sorted(saved.history["train"], key=int) == ["1", "2", "3"]
+    assert saved.inertia["reference"] is not None  # the inertia series can continue
+    # FedBN's local batch-norm tensors of each of the 3 clients, under the run's key
+    assert sorted(p.name for p in states.iterdir()) == [
+        f"lips-client-{saved.run_key}-{i}.npz" for i in range(3)]
 
 
 def test_freeze_control_keeps_middle_layers_and_reports_validation(flwr, tmp_path):

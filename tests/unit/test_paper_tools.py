@@ -67,3 +67,27 @@ def test_heatmap_from_a_results_file(tmp_path):
     path.write_text(json.dumps({"run_config": {}, "rounds": {"1": {"train": {}}}, "summary": {}}))
     with pytest.raises(ValueError, match="no inertia-cos-t0"):
         load("plot").plot_heatmap(path)
+
+
+def test_resumed_recording_keeps_the_results_files_earlier_rounds(tmp_path):
+    sys.path.insert(0, str(PAPER))
+    from flwr.serverapp.strategy import FedAvg
+    from lips_paper.server_app import RecordingLIPS
+
+    results = tmp_path / "run.json"
+    rounds = {str(r): {"train": {"acc-before": r / 10}} for r in range(1, 6)}
+    results.write_text(json.dumps({"run_config": {}, "rounds": rounds, "summary": {}}))
+
+    def recorder():
+        return RecordingLIPS(FedAvg(), results_path=str(results), run_config={"x": 1}, eval_every=1,
+                             num_rounds=10, checkpoint_path=str(tmp_path / "c.npz"), resume="auto")
+
+    resumed = recorder()  # a checkpoint after round 3: the crash lost rounds 4-5's checkpoints
+    resumed._save(4, "train", {"acc-before": 0.9})
+    data = json.loads(results.read_text())
+    assert sorted(data["rounds"], key=int) == ["1", "2", "3", "4"]
+    assert data["rounds"]["3"]["train"]["acc-before"] == 0.3
+    assert data["rounds"]["4"]["train"]["acc-before"] == 0.9
+    fresh = recorder()  # a run from round 1 keeps nothing of an old file
+    fresh._save(1, "train", {"acc-before": 0.1})
+    assert list(json.loads(results.read_text())["rounds"]) == ["1"]
