@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,19 @@ def resume_option(value: bool | str) -> bool | str:
     raise ValueError(f"`resume` must be one of 'no', 'yes', 'auto', got {value!r}")
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail before any round trains when the checkpoint cannot be written (``ValueError``)."""
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{Path(path).name}."):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write the LIPS checkpoint {str(path)!r}: {err}") from err
+    if Path(path).is_dir():
+        raise ValueError(f"`checkpoint_path` {str(path)!r} is a folder; name a file in it")
+
+
 def checkpoint_to_resume(checkpoint_path: str | None, resume: bool | str) -> Checkpoint | None:
     """The checkpoint to continue from: ``None`` to start at round 1.
 
@@ -195,7 +209,7 @@ def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarr
 
 
 __all__ = [
-    "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "checkpoint_to_resume",
+    "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "check_writable", "checkpoint_to_resume",
     "load_checkpoint", "model_mismatch", "python_random_state", "restore_python_random", "resume_option",
     "save_checkpoint", "settings_mismatch", "validate_resume",
 ]

@@ -26,7 +26,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 from flwr.common import log
 
-from ..checkpoint import Checkpoint, validate_resume
+from ..checkpoint import Checkpoint, check_writable, validate_resume
 from ..layers import LayerSpec
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import model_shapes, names_problem, read_npy, reply_problem
@@ -75,6 +75,7 @@ class _LegacyLIPSMixin:
         if found is not None:
             self._lips_resumed, self._lips_done = found, found.round
         elif self._lips_checkpoint_path is not None:
+            check_writable(self._lips_checkpoint_path)
             self.sparsifier.new_run_key()
 
     @property

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.common import log
 
-from ..checkpoint import validate_resume
+from ..checkpoint import check_writable, validate_resume
 from ..layers import LayerSpec
 from ..records import numpy_to_record, record_to_numpy, record_views
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
@@ -97,7 +97,9 @@ class _LIPSMixin:
         done, arrays = 0, initial_arrays
         # Metrics are kept only to checkpoint them: the Result of a resumed run is then whole.
         self._lips_history = None if path is None else empty_history()
+        self._lips_saved_round = None
         if path is not None and resumed is None:
+            check_writable(path)
             self.sparsifier.new_run_key()
         if resumed is not None:
             restore(self, resumed, path, record_views(initial_arrays), _from_state)

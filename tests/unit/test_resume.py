@@ -354,3 +354,18 @@ def test_legacy_run_key_in_fit_and_evaluate_instructions(tmp_path):
     evaluate = fresh.configure_evaluate(1, params, manager)
     keys = {ins.config["lips-run-key"] for _, ins in fit + evaluate}
     assert keys == {fresh.sparsifier.run_key} and key not in keys
+
+
+def test_an_unwritable_checkpoint_path_fails_before_any_round(tmp_path, task_identity):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    sampled: list = []
+    with pytest.raises(ValueError, match="cannot write the LIPS checkpoint"):
+        LIPS(FedAvg(), checkpoint_path=blocker / "lips.npz", **LIPS_KW).start(
+            grid=message_grid(sampled), initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
+    assert sampled == []  # nothing trained
+    with pytest.raises(ValueError, match="is a folder"):
+        LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), num_rounds=ROUNDS, checkpoint_path=tmp_path)
+    with pytest.raises(ValueError, match="cannot write the LIPS checkpoint"):
+        LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), num_rounds=ROUNDS,
+                   checkpoint_path=blocker / "lips.npz")
