@@ -78,9 +78,12 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
     if checkpoint.inertia is not None:
         inertia = {"t0": checkpoint.inertia["t0"]}
         for part in ("reference", "previous"):
-            inertia[part] = checkpoint.inertia.get(part) is not None
-            if inertia[part]:
-                groups[f"inertia-{part}"] = checkpoint.inertia[part]
+            tensors = checkpoint.inertia.get(part)
+            inertia[part] = tensors is not None
+            if tensors is not None and _copies_of(tensors, checkpoint.model):
+                inertia[part] = list(tensors)  # stored once, in the model
+            elif tensors is not None:
+                groups[f"inertia-{part}"] = tensors
     kinds = {}
     for key, (kind, tensors) in checkpoint.strategy.items():
         kinds[key] = kind
@@ -93,6 +96,19 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         "run_key": checkpoint.run_key,
     }
     write_groups(path, groups, meta)
+
+
+def _copies_of(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``tensors`` equal the model's tensors of the same names, dtype included.
+
+    The inertia tracker's previous model is the broadcast model's weights:
+    storing them once keeps the checkpoint at 2x the model instead of 3x.
+    """
+    return all(
+        name in model and np.asarray(model[name]).dtype == np.asarray(t).dtype
+        and np.array_equal(model[name], t)
+        for name, t in tensors.items()
+    )
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -119,7 +135,11 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if meta["inertia"] is not None:
         inertia = {"t0": meta["inertia"]["t0"]}
         for part in ("reference", "previous"):
-            inertia[part] = groups.get(f"inertia-{part}") if meta["inertia"][part] else None
+            stored = meta["inertia"][part]
+            if isinstance(stored, list):
+                inertia[part] = {name: groups["model"][name] for name in stored}
+            else:
+                inertia[part] = groups.get(f"inertia-{part}") if stored else None
     return Checkpoint(
         round=int(meta["round"]),
         num_rounds=int(meta["num_rounds"]),

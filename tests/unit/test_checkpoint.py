@@ -201,3 +201,23 @@ def test_sparsifier_resume_keeps_the_layer_choice_and_inertia_series():
 def test_inertia_tracker_refuses_another_t0():
     with pytest.raises(ValueError, match="t0=2"):
         InertiaTracker(3).load_state({"t0": 2, "reference": None, "previous": None})
+
+
+def test_inertia_tensors_equal_to_the_model_are_stored_once(tmp_path):
+    saved = full_checkpoint()
+    saved.inertia = {"t0": 2, "reference": {"fc.weight": model(5)["fc.weight"]},
+                     "previous": {n: saved.model[n].copy() for n in ("conv2.weight", "fc.weight")}}
+    save_checkpoint(tmp_path / "c.npz", saved)
+    with np.load(tmp_path / "c.npz") as npz:
+        assert not [f for f in npz.files if f.startswith("inertia-previous")]
+        assert [f for f in npz.files if f.startswith("inertia-reference")] == ["inertia-reference/0"]
+    loaded = load_checkpoint(tmp_path / "c.npz")
+    for name in ("conv2.weight", "fc.weight"):
+        assert loaded.inertia["previous"][name].dtype == saved.model[name].dtype
+        np.testing.assert_array_equal(loaded.inertia["previous"][name], saved.model[name])
+    np.testing.assert_array_equal(loaded.inertia["reference"]["fc.weight"], model(5)["fc.weight"])
+    # A previous model that differs in one value (or in dtype) is stored as it is.
+    saved.inertia["previous"]["fc.weight"] = saved.model["fc.weight"].astype(np.float32)
+    save_checkpoint(tmp_path / "d.npz", saved)
+    loaded = load_checkpoint(tmp_path / "d.npz")
+    assert loaded.inertia["previous"]["fc.weight"].dtype == np.float32

@@ -108,6 +108,8 @@ def test_message_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, task
     with pytest.raises(Crash):
         run_message(lambda: LIPS(INNER[inner](), checkpoint_path=path, **LIPS_KW), crash_at=CRASH_AT)
     assert load_checkpoint(path).round == CRASH_AT - 1
+    with np.load(path) as npz:  # the inertia tracker's previous model is the saved model
+        assert not [f for f in npz.files if f.startswith("inertia-previous")]
 
     resumed, sampled_after, evaluated_after = run_message(
         lambda: LIPS(INNER[inner](), checkpoint_path=path, resume=True, **LIPS_KW), seed=12345)
