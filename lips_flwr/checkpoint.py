@@ -13,8 +13,9 @@ A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
 * ``strategy``: model-shaped state of the wrapped strategies (FedAvgM's
   momentum and model copy, FedAdam's moments), keyed by position in the
   chain of wrappers and attribute name;
-* ``python_random``: the state of Python's ``random`` module, from which
-  Flower's strategies sample nodes;
+* ``python_random``, ``numpy_random``: the state of Python's ``random``
+  module, from which Flower's strategies sample nodes, and of numpy's global
+  RNG, from which Flower's DP wrappers draw their noise;
 * ``history``: the metrics of rounds ``1..r`` (Message API), so that a resumed
   run's ``Result`` covers the whole run.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +60,8 @@ class Checkpoint:
     python_random: list | None = None
     history: dict | None = None  # per-round metrics (JSON-able), when the adapter keeps them
     run_key: str | None = None  # names the clients' persisted state of this run
+    strategy_meta: dict | None = None  # the wrapped strategies' classes, settings, scalar state
+    numpy_random: tuple | None = None  # numpy's global RNG (DP noise): np.random.get_state()
 
 
 def python_random_state() -> list:
@@ -69,6 +73,15 @@ def python_random_state() -> list:
 def restore_python_random(state: list) -> None:
     version, internal, gauss = state
     random.setstate((version, tuple(internal), gauss))
+
+
+def numpy_random_state() -> tuple:
+    """numpy's global RNG state (Flower's DP wrappers draw their noise from it)."""
+    return np.random.get_state(legacy=True)
+
+
+def restore_numpy_random(state: tuple) -> None:
+    np.random.set_state(state)
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
@@ -93,9 +106,15 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         "num_rounds": checkpoint.num_rounds, "settings": checkpoint.settings,
         "layers": checkpoint.layers, "inertia": inertia, "strategy": kinds,
         "python_random": checkpoint.python_random, "history": checkpoint.history,
-        "run_key": checkpoint.run_key,
+        "run_key": checkpoint.run_key, "strategy_meta": checkpoint.strategy_meta,
+        "numpy_random": None,
     }
+    if checkpoint.numpy_random is not None:
+        name, keys, pos, has_gauss, cached = checkpoint.numpy_random
+        groups["numpy-random"] = {"keys": np.asarray(keys, dtype=np.uint32)}
+        meta["numpy_random"] = [str(name), int(pos), int(has_gauss), float(cached)]
     write_groups(path, groups, meta)
+    _remove_stale_temporaries(Path(path))
 
 
 def _copies_of(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> bool:
@@ -129,29 +148,88 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             f"{str(path)!r} is a version {meta.get('version')} LIPS checkpoint; this "
             f"lips-flwr reads version {VERSION}"
         )
-    if "model" not in groups:
-        raise ValueError(f"{str(path)!r} is damaged: it holds no model")
+    try:
+        return _checkpoint_from(groups, meta)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        raise ValueError(f"{str(path)!r} is damaged: {err!r}") from err
+
+
+_RUN_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Checkpoint:
+    """Build a Checkpoint, checking every field's type: a damaged file fails here, not mid-run."""
+    model = groups["model"]
     inertia = None
     if meta["inertia"] is not None:
-        inertia = {"t0": meta["inertia"]["t0"]}
+        inertia = {"t0": _int(meta["inertia"]["t0"])}
         for part in ("reference", "previous"):
             stored = meta["inertia"][part]
             if isinstance(stored, list):
-                inertia[part] = {name: groups["model"][name] for name in stored}
+                inertia[part] = {name: model[name] for name in stored}
             else:
-                inertia[part] = groups.get(f"inertia-{part}") if stored else None
+                inertia[part] = groups[f"inertia-{part}"] if stored else None
+    python_random = meta["python_random"]
+    if python_random is not None:
+        version, internal, gauss = python_random
+        if not (isinstance(version, int) and len(internal) == 625
+                and all(isinstance(i, int) for i in internal)
+                and (gauss is None or isinstance(gauss, float))):
+            raise ValueError("malformed Python random state")
+    history = meta.get("history")
+    for rounds in (history or {}).values():
+        for key, metrics in rounds.items():
+            int(key)
+            for value in metrics.values():
+                values = value if isinstance(value, list) else [value]
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                    raise ValueError(f"a metric of round {key} is not a number: {value!r}")
+    run_key = meta.get("run_key")
+    if run_key is not None and not (isinstance(run_key, str) and _RUN_KEY.fullmatch(run_key)):
+        raise ValueError(f"malformed run key {run_key!r}")
+    strategy_meta = meta.get("strategy_meta")
+    if strategy_meta is not None and not all(
+            isinstance(strategy_meta.get(k, {}), dict) for k in ("settings", "scalars", "objects")):
+        raise ValueError("malformed strategy state")
+    numpy_random = meta.get("numpy_random")
+    if numpy_random is not None:
+        name, pos, has_gauss, cached = numpy_random
+        keys = groups["numpy-random"]["keys"]
+        if name != "MT19937" or keys.shape != (624,) or keys.dtype != np.uint32:
+            raise ValueError("malformed numpy random state")
+        numpy_random = (name, keys, _int(pos), _int(has_gauss), float(cached))
+    layers = meta["layers"]
+    if layers is not None and not all(isinstance(n, str) for n in layers):
+        raise ValueError("malformed layer list")
+    if not isinstance(meta["settings"], dict):
+        raise ValueError("malformed settings")
     return Checkpoint(
-        round=int(meta["round"]),
-        num_rounds=int(meta["num_rounds"]),
+        round=_int(meta["round"]),
+        num_rounds=_int(meta["num_rounds"]),
         settings=meta["settings"],
-        model=groups["model"],
-        layers=meta["layers"],
+        model=model,
+        layers=layers,
         inertia=inertia,
-        strategy={key: (kind, groups[f"strategy-{key}"]) for key, kind in meta["strategy"].items()},
-        python_random=meta["python_random"],
-        history=meta.get("history"),
-        run_key=meta.get("run_key"),
+        strategy={str(key): (str(kind), groups[f"strategy-{key}"])
+                  for key, kind in meta["strategy"].items()},
+        python_random=python_random,
+        history=history,
+        run_key=run_key,
+        strategy_meta=strategy_meta,
+        numpy_random=numpy_random,
     )
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary files of writes that a crash interrupted (``.<name>.XXXX``) go with the next save."""
+    for stale in path.parent.glob(f".{path.name}.*"):
+        stale.unlink(missing_ok=True)
 
 
 def settings_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -230,6 +308,7 @@ def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarr
 
 __all__ = [
     "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "check_writable", "checkpoint_to_resume",
-    "load_checkpoint", "model_mismatch", "python_random_state", "restore_python_random", "resume_option",
+    "load_checkpoint", "model_mismatch", "numpy_random_state", "python_random_state",
+    "restore_numpy_random", "restore_python_random", "resume_option",
     "save_checkpoint", "settings_mismatch", "validate_resume",
 ]

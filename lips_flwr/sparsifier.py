@@ -161,7 +161,9 @@ class TransientSparsifier:
 
     def client_config(self, server_round: int, arrays: Mapping[str, np.ndarray]) -> dict:
         """The ``lips-*`` keys of this round's train config."""
-        config: dict = {KEY_ROUND: server_round, KEY_MODE: self.mode, **self.evaluate_config()}
+        config: dict = {KEY_ROUND: server_round, KEY_MODE: self.mode}
+        if self.run_key is not None:
+            config[KEY_RUN] = self.run_key
         if self.mode == "client":
             tau = self.schedule.tau(server_round)
             config[KEY_TAU] = tau
@@ -172,9 +174,9 @@ class TransientSparsifier:
                 config[KEY_LAYERS] = json.dumps([position[n] for n in self.layer_names(arrays)])
         return config
 
-    def evaluate_config(self) -> dict:
-        """The ``lips-*`` keys of the evaluate config: the run key, when there is one."""
-        return {} if self.run_key is None else {KEY_RUN: self.run_key}
+    def evaluate_config(self, server_round: int) -> dict:
+        """The ``lips-*`` keys of the evaluate config: the run key and round, when checkpointing."""
+        return {} if self.run_key is None else {KEY_RUN: self.run_key, KEY_ROUND: server_round}
 
     def masks_aggregate(self, server_round: int) -> bool:
         """Whether the aggregate of ``server_round`` is sparsified on the server."""

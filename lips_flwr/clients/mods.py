@@ -21,7 +21,7 @@ from flwr.common.constant import ErrorCode
 
 from ..layers import batch_norm_names
 from ..records import numpy_to_record, record_views
-from .persist import load_state, save_state, state_path
+from .persist import load_state, message_round, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 ClientAppCallable = Callable[[Message, Context], Message]
@@ -135,11 +135,14 @@ def persistent_state_mod(msg: Message, context: Context, call_next: ClientAppCal
     ``checkpoint_path``; see :mod:`lips_flwr.clients.persist`.
     """
     found = _single(msg, ConfigRecord)
-    path = state_path(context, found[1] if found else {})
-    load_state(context.state, path)
+    config = found[1] if found else {}
+    path, server_round = state_path(context, config), message_round(config)
+    train = _kind(msg) == MessageType.TRAIN
+    if server_round is not None:  # a train message needs the state from before its round
+        load_state(context.state, path, server_round if train else server_round + 1)
     reply = call_next(msg, context)
-    if _kind(msg) == MessageType.TRAIN and not reply.has_error():
-        save_state(context.state, path)
+    if train and server_round is not None and not reply.has_error():
+        save_state(context.state, path, server_round)
     return reply
 
 

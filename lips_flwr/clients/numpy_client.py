@@ -12,7 +12,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
 from ..layers import batch_norm_names
-from .persist import load_state, save_state, state_path
+from .persist import load_state, message_round, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 _OPTIONAL = ("get_properties", "get_parameters", "evaluate")
@@ -166,7 +166,9 @@ class LIPSNumPyClient(NumPyClient):
         """Restore local tensors, mask on client-mode mask rounds, train, track the update."""
         state = self._lips_context.state
         saved_at = state_path(self._lips_context, config)  # a resumed run: see clients.persist
-        load_state(state, saved_at)
+        server_round = message_round(config)
+        if server_round is not None:
+            load_state(state, saved_at, server_round)
         received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
         start, mask_metrics, round_config = before_training(
             state, received, config, (self._lips_context.node_id,)
@@ -175,7 +177,8 @@ class LIPSNumPyClient(NumPyClient):
         named = self._named(trained, "the client's fit returned")
         save_local(state, named, self._lips_local)
         lips_metrics = after_training(state, start, named, round_config)
-        save_state(state, saved_at)
+        if server_round is not None:
+            save_state(state, saved_at, server_round)
         return trained, num_examples, {**(metrics or {}), **lips_metrics, **mask_metrics}
 
     def evaluate(
@@ -183,6 +186,8 @@ class LIPSNumPyClient(NumPyClient):
     ) -> tuple[float, int, dict[str, Scalar]]:
         """Evaluate the received model with this client's local tensors restored."""
         named = self._named(parameters, "the server sent")
-        load_state(self._lips_context.state, state_path(self._lips_context, config))
+        server_round = message_round(config)
+        if server_round is not None:
+            load_state(self._lips_context.state, state_path(self._lips_context, config), server_round + 1)
         restored = restore_local(self._lips_context.state, named, self._lips_local)
         return self._inner("evaluate")(list(restored.values()), config)

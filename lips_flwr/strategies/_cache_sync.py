@@ -30,10 +30,16 @@ def strategy_chain(strategy: Any) -> Iterator[Any]:
 def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
     """Identity of every cache attribute in the chain, taken before aggregation."""
     return {
-        (id(inner), attribute): id(getattr(inner, attribute, None))
+        (id(inner), attribute): id(_own(inner, attribute))
         for inner in strategy_chain(strategy)
         for attribute in CACHE_ATTRIBUTES
     }
+
+
+def _own(inner: Any, attribute: str) -> Any:
+    """The strategy's own attribute: a wrapper's ``__getattr__`` would show the wrapped one's,
+    and writing that back would leave a stale copy on the wrapper."""
+    return vars(inner).get(attribute)
 
 
 def sync_cached_models(
@@ -71,7 +77,7 @@ def sync_cached_models(
     synced = []
     for inner in strategy_chain(strategy):
         for attribute in CACHE_ATTRIBUTES:
-            value = getattr(inner, attribute, None)
+            value = _own(inner, attribute)
             if value is None or before.get((id(inner), attribute)) == id(value):
                 continue
             cached = to_numpy(value)

@@ -73,6 +73,10 @@ class _StartLoop:
             return None
 
         def shifted(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            earlier = (self._history or {}).get("server", {}).get(self._done)
+            if server_round == 0 and self._done and earlier is not None:
+                # The checkpoint's model was evaluated before the crash: not again.
+                return MetricRecord(earlier)
             metrics = evaluate_fn(server_round + self._done, arrays)
             self._record("server", server_round + self._done, metrics)
             return metrics

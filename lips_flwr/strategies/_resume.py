@@ -1,15 +1,16 @@
 """Checkpoint and resume, as both adapters do it after their own conversions.
 
-The sparsifier contributes the schedule position, the layer choice and the
-inertia series (:meth:`TransientSparsifier.checkpoint`); this module adds the
-model-shaped state of the wrapped strategies and Python's ``random`` state,
-writes the file each round, and on resume checks it and puts it all back.
+The sparsifier contributes the schedule position, the layer choice, the
+inertia series and the run key (:meth:`TransientSparsifier.checkpoint`);
+:mod:`._strategy_state` the wrapped strategies' state; this module adds
+Python's ``random`` state, writes the file each round, and on resume checks
+it and puts everything back. Each adapter holds one :class:`CheckpointKeeper`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from logging import INFO
 from typing import Any
 
@@ -18,137 +19,116 @@ from flwr.common import log
 
 from ..checkpoint import (
     Checkpoint,
+    check_writable,
     checkpoint_to_resume,
     model_mismatch,
+    numpy_random_state,
     python_random_state,
+    restore_numpy_random,
     restore_python_random,
     save_checkpoint,
+    validate_resume,
 )
 from ..sparsifier import TransientSparsifier
-from ._cache_sync import strategy_chain
-
-# ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
-ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]
-# ``(kind, name -> ndarray) -> value`` of that kind.
-FromState = Callable[[str, Mapping[str, np.ndarray]], Any]
+from ._strategy_state import FromState, ToState, capture, restore_state, scalar_settings
 
 
-def ndarray_state(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-    """Plain numpy state: a dict of arrays (Message FedAdam's ``m_t``) or a list (legacy ``m_t``)."""
-    if isinstance(value, dict) and value and all(
-            isinstance(k, str) and isinstance(v, (np.ndarray, np.generic)) for k, v in value.items()):
-        return "dict", {k: np.asarray(v) for k, v in value.items()}
-    if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
-        return "list", {str(i): np.asarray(v) for i, v in enumerate(value)}
-    return None
+class CheckpointKeeper:
+    """One strategy's checkpointing: what to save, when, and what to resume from.
 
-
-def ndarray_value(kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    if kind == "dict":
-        return {k: np.array(v) for k, v in arrays.items()}
-    if kind == "list":
-        return [np.array(v) for v in arrays.values()]
-    raise ValueError(f"unknown kind of strategy state {kind!r} in the checkpoint")
-
-
-def _chain_attributes(owner: Any) -> list[tuple[str, Any, str]]:
-    """``(key, strategy, attribute)`` for the state-bearing attributes of the chain.
-
-    The key names the position in the chain and the class, so that a
-    checkpoint is never put back into a different chain of wrappers.
+    Parameters
+    ----------
+    path : str or PathLike, optional
+        The checkpoint file; ``None``: no checkpoint (every method is then a no-op).
+    resume : bool or "auto"
+        See :class:`lips_flwr.strategies.LIPS`.
     """
-    out = []
-    for depth, inner in enumerate(strategy_chain(owner)):
-        for attribute in vars(inner):
-            if attribute == "strategy" or attribute.startswith("_lips"):
-                continue
-            out.append((f"{depth}.{type(inner).__name__}.{attribute}", inner, attribute))
-    return out
 
+    def __init__(self, path: Any, resume: Any) -> None:
+        self.path, self.resume = validate_resume(path, resume)
+        self.saved_round: int | None = None  # the round of the file on disk, written or read
+        self.seconds: float | None = None  # time of the last save, not yet reported
+        self._settings: dict = {}
+        self._pending_random: Checkpoint | None = None
 
-def chain_state(owner: Any, to_state: ToState) -> dict[str, tuple[str, dict[str, np.ndarray]]]:
-    """Model-shaped state of every strategy in the chain (models, momenta, moments)."""
-    state = {}
-    for key, inner, attribute in _chain_attributes(owner):
-        found = to_state(getattr(inner, attribute))
-        if found is not None:
-            state[key] = found
-    return state
+    def begin(self, owner: Any, sparsifier: TransientSparsifier) -> Checkpoint | None:
+        """At the start of a run: the checkpoint to continue from (checked), else name a fresh run.
 
+        Raises ``ValueError`` before any round trains when the checkpoint has
+        other settings or cannot be written.
+        """
+        self.saved_round, self.seconds, self._pending_random = None, None, None
+        self._settings = scalar_settings(owner)  # the wrapped strategies' settings, before any round
+        if self.path is None:
+            return None
+        check_writable(self.path)  # also before reading: a folder given as the path is named so
+        found = checkpoint_to_resume(self.path, self.resume)
+        if found is None:
+            if self.resume == "auto":
+                log(INFO, "LIPS: no checkpoint at %s yet: starting at round 1", self.path)
+            sparsifier.new_run_key()
+            return None
+        sparsifier.resume_from(found)  # ValueError naming each differing setting
+        self.saved_round = found.round
+        return found
 
-def restore_chain_state(owner: Any, saved: Mapping[str, tuple[str, Mapping]], from_state: FromState) -> None:
-    """Put saved state back; ``ValueError`` if the chain of wrappers is not the same."""
-    here = {key: (inner, attribute) for key, inner, attribute in _chain_attributes(owner)}
-    chain = [type(s).__name__ for s in strategy_chain(owner)]
-    for key, (kind, arrays) in saved.items():
-        depth, cls, attribute = key.split(".", 2)
-        if int(depth) >= len(chain) or chain[int(depth)] != cls:
-            raise ValueError(
-                f"the checkpoint holds state of {cls} at depth {depth} of the wrapped "
-                f"strategies, but this strategy wraps {chain}: resume with the same strategies"
-            )
-        inner = here[key][0] if key in here else list(strategy_chain(owner))[int(depth)]
-        setattr(inner, attribute, from_state(kind, arrays))
+    def restore(
+        self, owner: Any, checkpoint: Checkpoint, initial_model: Mapping[str, np.ndarray] | None,
+        to_state: ToState, from_state: FromState,
+    ) -> None:
+        """Put the wrapped strategies' state back; the RNGs' state waits for :meth:`before_round`.
 
+        ``initial_model`` (the model the run was given, when known) must have
+        the checkpoint model's names and shapes.
+        """
+        if initial_model is not None:
+            reason = model_mismatch(checkpoint.model, initial_model)
+            if reason is not None:
+                raise ValueError(f"the checkpoint {self.path!r} holds another model than the one "
+                                 f"this run starts with: {reason}")
+        restore_state(owner, checkpoint.strategy, checkpoint.strategy_meta, to_state, from_state)
+        # Restored at the first round, not now: the run may draw random numbers before it
+        # (Flower evaluates the initial model first) that the original run drew before saving.
+        self._pending_random = checkpoint
+        if checkpoint.round < checkpoint.num_rounds:
+            log(INFO, "LIPS: resuming from %s: rounds 1-%d are done, continuing with round %d of %d",
+                self.path, checkpoint.round, checkpoint.round + 1, checkpoint.num_rounds)
+        else:
+            log(INFO, "LIPS: resuming from %s: all %d rounds are done, nothing to run",
+                self.path, checkpoint.num_rounds)
 
-def save_round(
-    owner: Any,
-    sparsifier: TransientSparsifier,
-    path: str,
-    server_round: int,
-    model: Mapping[str, np.ndarray],
-    to_state: ToState,
-    history: Mapping[str, Mapping[int, Mapping]] | None = None,
-) -> float:
-    """Write the checkpoint after ``server_round``; returns the seconds it took.
+    def before_round(self) -> None:
+        """Called first thing in each round's configure: restore the RNGs' state, once."""
+        checkpoint, self._pending_random = self._pending_random, None
+        if checkpoint is not None and checkpoint.python_random is not None:
+            restore_python_random(checkpoint.python_random)
+        if checkpoint is not None and checkpoint.numpy_random is not None:
+            restore_numpy_random(checkpoint.numpy_random)
 
-    ``history``: per part, round -> metrics (JSON-able) of the rounds so far.
-    """
-    start = time.perf_counter()
-    checkpoint = sparsifier.checkpoint(server_round, model)
-    if history is not None:
-        checkpoint.history = {
-            part: {str(r): dict(m) for r, m in rounds.items() if r <= server_round}
-            for part, rounds in history.items()
-        }
-    checkpoint.strategy = chain_state(owner, to_state)
-    checkpoint.python_random = python_random_state()
-    save_checkpoint(path, checkpoint)
-    return time.perf_counter() - start
+    def save(
+        self, owner: Any, sparsifier: TransientSparsifier, server_round: int,
+        model: Mapping[str, np.ndarray], to_state: ToState,
+        history: Mapping[str, Mapping[int, Mapping]] | None = None,
+    ) -> None:
+        """Write the state after ``server_round`` (``model``: the global model then), once per round."""
+        if self.path is None or server_round < 1 or server_round == self.saved_round:
+            return
+        start = time.perf_counter()
+        checkpoint = sparsifier.checkpoint(server_round, model)
+        checkpoint.strategy, checkpoint.strategy_meta = capture(owner, to_state, self._settings)
+        checkpoint.python_random = python_random_state()
+        checkpoint.numpy_random = numpy_random_state()
+        if history is not None:
+            checkpoint.history = {
+                part: {str(r): dict(m) for r, m in rounds.items() if r <= server_round}
+                for part, rounds in history.items()
+            }
+        save_checkpoint(self.path, checkpoint)
+        self.saved_round = server_round
+        self.seconds = time.perf_counter() - start
 
-
-def load_for_resume(sparsifier: TransientSparsifier, path: str | None, mode: bool | str) -> Checkpoint | None:
-    """The checkpoint to continue from, checked against the sparsifier's settings; ``None``: start fresh."""
-    checkpoint = checkpoint_to_resume(path, mode)
-    if checkpoint is None:
-        if mode == "auto":
-            log(INFO, "LIPS: no checkpoint at %s yet: starting at round 1", path)
-        return None
-    sparsifier.resume_from(checkpoint)  # ValueError naming each differing setting
-    return checkpoint
-
-
-def restore(
-    owner: Any,
-    checkpoint: Checkpoint,
-    path: str | None,
-    initial_model: Mapping[str, np.ndarray] | None,
-    from_state: FromState,
-) -> None:
-    """Put the wrapped strategies' state and Python's ``random`` state back.
-
-    ``initial_model`` (the model the run was given, when known) must have the
-    checkpoint model's names and shapes.
-    """
-    if initial_model is not None:
-        reason = model_mismatch(checkpoint.model, initial_model)
-        if reason is not None:
-            raise ValueError(
-                f"the checkpoint {path!r} holds another model than the one this run "
-                f"starts with: {reason}"
-            )
-    restore_chain_state(owner, checkpoint.strategy, from_state)
-    if checkpoint.python_random is not None:
-        restore_python_random(checkpoint.python_random)
-    log(INFO, "LIPS: resuming from %s: rounds 1-%d are done, continuing with round %d of %d",
-        path, checkpoint.round, checkpoint.round + 1, checkpoint.num_rounds)
+    def report(self, metrics: dict) -> None:
+        """Add ``lips-checkpoint-seconds`` of the last save to a round's metrics, once."""
+        if self.seconds is not None:
+            metrics["lips-checkpoint-seconds"] = self.seconds
+            self.seconds = None

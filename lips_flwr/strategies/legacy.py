@@ -26,13 +26,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 from flwr.common import log
 
-from ..checkpoint import Checkpoint, check_writable, validate_resume
+from ..checkpoint import Checkpoint
 from ..layers import LayerSpec
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
 from ..validation import model_shapes, names_problem, read_npy, reply_problem
 from ._cache_sync import snapshot_caches
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
-from ._resume import load_for_resume, ndarray_state, ndarray_value, restore, save_round
+from ._resume import CheckpointKeeper
+from ._strategy_state import ndarray_state, ndarray_value
 
 FitResults = list[tuple[ClientProxy, FitRes]]
 FitFailures = list[tuple[ClientProxy, FitRes] | BaseException]
@@ -45,12 +46,9 @@ class _LegacyLIPSMixin:
     param_names: list[str] | None
     _lips_previous: Parameters | None = None
     _lips_shapes: dict[str, tuple[int, ...]] | None = None
-    _lips_checkpoint_path: str | None = None
-    _lips_resume: bool | str = False
+    _lips_keeper: CheckpointKeeper
     _lips_resumed: Checkpoint | None = None
     _lips_done = 0  # rounds done before this run (from the checkpoint)
-    _lips_saved_round: int | None = None
-    _lips_checkpoint_seconds: float | None = None
 
     def _init_lips(
         self, param_names: list[str] | None, lips: dict[str, Any],
@@ -69,14 +67,11 @@ class _LegacyLIPSMixin:
                 raise ValueError("`param_names` must be a list of distinct strings")
         self.param_names = param_names
         self.sparsifier = TransientSparsifier(**lips)
-        self._lips_checkpoint_path, self._lips_resume = validate_resume(checkpoint_path, resume_mode)
+        self._lips_keeper = CheckpointKeeper(checkpoint_path, resume_mode)
         # Read now: the ServerConfig needs rounds_left, and a bad file fails before any round.
-        found = load_for_resume(self.sparsifier, self._lips_checkpoint_path, self._lips_resume)
+        found = self._lips_keeper.begin(self, self.sparsifier)
         if found is not None:
             self._lips_resumed, self._lips_done = found, found.round
-        elif self._lips_checkpoint_path is not None:
-            check_writable(self._lips_checkpoint_path)
-            self.sparsifier.new_run_key()
 
     @property
     def rounds_left(self) -> int:
@@ -122,21 +117,17 @@ class _LegacyLIPSMixin:
         checkpoint = self._lips_resumed
         if self.param_names is not None and list(checkpoint.model) != self.param_names:
             raise ValueError(
-                f"the checkpoint {self._lips_checkpoint_path!r} holds arrays named "
+                f"the checkpoint {self._lips_keeper.path!r} holds arrays named "
                 f"{list(checkpoint.model)[:3]}..., not `param_names`: another model")
         given = self._to_numpy(initial) if initial is not None else None
-        restore(self, checkpoint, self._lips_checkpoint_path, given, self._from_state)
-        self._lips_saved_round = checkpoint.round
+        self._lips_keeper.restore(self, checkpoint, given, self._to_state, self._from_state)
         return ndarrays_to_parameters(list(checkpoint.model.values()))
 
     def _save_checkpoint(self, server_round: int, parameters: Parameters) -> None:
         """Write the checkpoint after ``server_round`` (``parameters``: the global model then)."""
-        if self._lips_checkpoint_path is None or server_round < 1 or server_round == self._lips_saved_round:
-            return
-        self._lips_saved_round = server_round
-        self._lips_checkpoint_seconds = save_round(
-            self, self.sparsifier, self._lips_checkpoint_path, server_round,
-            self._to_numpy(parameters), self._to_state)
+        if self._lips_keeper.path is not None:
+            self._lips_keeper.save(self, self.sparsifier, server_round,
+                                   self._to_numpy(parameters), self._to_state)
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -148,6 +139,7 @@ class _LegacyLIPSMixin:
         the same random numbers).
         """
         server_round = self._round(server_round)
+        self._lips_keeper.before_round()
         if parameters.tensor_type != "numpy.ndarray":
             raise ValueError(
                 f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
@@ -230,17 +222,16 @@ class _LegacyLIPSMixin:
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
         if last:  # no configure_fit follows to save the final model
             self._save_checkpoint(server_round, parameters)
-        if self._lips_checkpoint_seconds is not None:
-            lips_metrics["lips-checkpoint-seconds"] = self._lips_checkpoint_seconds
-            self._lips_checkpoint_seconds = None
+        self._lips_keeper.report(lips_metrics)
         return parameters, {**(metrics or {}), **lips_metrics}
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        server_round = self._round(server_round)
         instructions = super().configure_evaluate(  # type: ignore[misc]
-            self._round(server_round), parameters, client_manager)
-        extra = self.sparsifier.evaluate_config()  # the run key, when checkpointing
+            server_round, parameters, client_manager)
+        extra = self.sparsifier.evaluate_config(server_round)  # run key and round, when checkpointing
         if not extra:
             return instructions
         return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **extra}))

@@ -12,7 +12,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from flwr.common import log
 
-from ..checkpoint import check_writable, validate_resume
 from ..layers import LayerSpec
 from ..records import numpy_to_record, record_to_numpy, record_views
 from ..sparsifier import LIPS_OPTIONS, TransientSparsifier
@@ -20,7 +19,8 @@ from ..validation import MISSING, model_shapes, reply_problem, serialization_pro
 from ._cache_sync import snapshot_caches, strategy_chain
 from ._common import check_model, log_no_aggregate, log_round, log_settings, sparsify_aggregate
 from ._message_loop import empty_history, history_from_json, run_start
-from ._resume import load_for_resume, ndarray_state, ndarray_value, restore, save_round
+from ._resume import CheckpointKeeper
+from ._strategy_state import ndarray_state, ndarray_value
 
 CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
 
@@ -54,14 +54,11 @@ class _LIPSMixin:
 
     sparsifier: TransientSparsifier
     _lips_previous: ArrayRecord | None = None
-    _lips_checkpoint_path: str | None = None
-    _lips_resume: bool | str = False
-    _lips_checkpoint_seconds: float | None = None
-    _lips_saved_round: int | None = None
+    _lips_keeper: CheckpointKeeper = CheckpointKeeper(None, False)
     _lips_history: dict | None = None
 
     def _init_checkpoint(self, checkpoint_path: Any, resume_mode: Any) -> None:
-        self._lips_checkpoint_path, self._lips_resume = validate_resume(checkpoint_path, resume_mode)
+        self._lips_keeper = CheckpointKeeper(checkpoint_path, resume_mode)
 
     def summary(self) -> None:
         """Log the LIPS settings, then the wrapped strategy's."""
@@ -92,20 +89,15 @@ class _LIPSMixin:
         elif self.sparsifier.num_rounds != num_rounds:
             log(WARNING, "LIPS: schedule uses num_rounds=%d but start() runs %d rounds",
                 self.sparsifier.num_rounds, num_rounds)
-        path = self._lips_checkpoint_path
-        resumed = load_for_resume(self.sparsifier, path, self._lips_resume)
+        keeper = self._lips_keeper
+        resumed = keeper.begin(self, self.sparsifier)
         done, arrays = 0, initial_arrays
         # Metrics are kept only to checkpoint them: the Result of a resumed run is then whole.
-        self._lips_history = None if path is None else empty_history()
-        self._lips_saved_round = None
-        if path is not None and resumed is None:
-            check_writable(path)
-            self.sparsifier.new_run_key()
+        self._lips_history = None if keeper.path is None else empty_history()
         if resumed is not None:
-            restore(self, resumed, path, record_views(initial_arrays), _from_state)
+            keeper.restore(self, resumed, record_views(initial_arrays), _to_state, _from_state)
             done, arrays = resumed.round, numpy_to_record(resumed.model)
             self._lips_history = history_from_json(resumed.history)
-            self._lips_saved_round = done
         result = run_start(self, grid, arrays, num_rounds, done, self._lips_history,  # type: ignore[arg-type]
                            timeout, train_config, evaluate_config, evaluate_fn)
         self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
@@ -113,13 +105,9 @@ class _LIPSMixin:
 
     def _save_checkpoint(self, server_round: int, model: ArrayRecord) -> None:
         """Write the checkpoint after ``server_round`` (``model``: the global model then)."""
-        if self._lips_checkpoint_path is None or server_round < 1:
-            return
-        if server_round != self._lips_saved_round:  # not the checkpoint just resumed from
-            self._lips_saved_round = server_round
-            self._lips_checkpoint_seconds = save_round(
-                self, self.sparsifier, self._lips_checkpoint_path, server_round,
-                record_views(model), _to_state, self._lips_history)
+        if self._lips_keeper.path is not None:
+            self._lips_keeper.save(self, self.sparsifier, server_round, record_views(model),
+                                   _to_state, self._lips_history)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -130,6 +118,7 @@ class _LIPSMixin:
         previous round (its evaluation included, so that the resumed run draws
         the same random numbers).
         """
+        self._lips_keeper.before_round()
         if self._lips_previous is None:
             check_model(self.sparsifier, record_to_numpy(arrays))
         self._save_checkpoint(server_round - 1, arrays)
@@ -144,7 +133,7 @@ class _LIPSMixin:
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluate messages; the run key added when checkpointing."""
-        extra = self.sparsifier.evaluate_config()
+        extra = self.sparsifier.evaluate_config(server_round)
         if extra:
             config = ConfigRecord({**dict(config), **extra})
         return super().configure_evaluate(server_round, arrays, config, grid)  # type: ignore[misc]
@@ -234,9 +223,7 @@ class _LIPSMixin:
                 for msg in replies if not msg.has_error()
             )
         log_round(server_round, lips_metrics, self.sparsifier.mode, reports)
-        if self._lips_checkpoint_seconds is not None:
-            lips_metrics["lips-checkpoint-seconds"] = self._lips_checkpoint_seconds
-            self._lips_checkpoint_seconds = None
+        self._lips_keeper.report(lips_metrics)
         metrics = MetricRecord() if metrics is None else metrics
         for key, value in lips_metrics.items():
             metrics[key] = value

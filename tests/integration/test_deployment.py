@@ -408,8 +408,8 @@ def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_
     assert final.round == 4 and sorted(final.history["train"], key=int) == ["1", "2", "3", "4"]
     assert [p.name for p in checkpoint.parent.iterdir()] == ["lips.npz"]  # no temporary file left
     # Each client kept its FedBN tensors under the run's key, and the resumed run read them.
-    assert sorted(p.name for p in (tmp_path / "clients").iterdir()) == [
-        f"lips-client-{final.run_key}-{i}.npz" for i in range(3)]
+    assert sorted(p.name for p in (tmp_path / "clients").iterdir()) == sorted(
+        f"lips-client-{final.run_key}-{i}{last}.npz" for i in range(3) for last in ("", ".prev"))
     restored = sum(dep.log(f"supernode-{i}").count("LIPS: client state restored") for i in range(3))
     assert restored == 3, [dep.log(f"supernode-{i}")[-2000:] for i in range(3)]  # once per node
     print(f"\nServer killed after round {done}: resumed and finished in "

@@ -18,6 +18,7 @@ from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, persistent_s
 from lips_flwr.clients.persist import state_path
 from lips_flwr.clients.state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
 from lips_flwr.layers import batch_norm_names
+from lips_flwr.npz_store import read_groups
 from test_clients import NAMES, FakeApp, UserClient, lips_config, message
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -48,7 +49,8 @@ def test_resumed_run_finds_the_clients_fedbn_and_lips_state(tmp_path, where):
     train_round(first, app, 1)
     train_round(first, app, 2)
     saved = {k: first.state[k] for k in (SIGNAL_KEY, SIGNAL_ROUND_KEY, LOCAL_KEY)}
-    assert [p.name for p in tmp_path.iterdir()] == [f"lips-client-{KEY}-0.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # after round 2, and after round 1
+        f"lips-client-{KEY}-0.npz", f"lips-client-{KEY}-0.prev.npz"]
 
     second = new_run_context(tmp_path, where=where)  # the server restarted: a new Flower run
     train_round(second, app, 3, tau=0.3)
@@ -76,7 +78,8 @@ def test_another_run_key_partition_or_no_folder_starts_fresh(tmp_path):
     app, first = FakeApp(), new_run_context(tmp_path)
     train_round(first, app, 1)
     for ctx, key in ((new_run_context(tmp_path), OTHER_KEY), (new_run_context(tmp_path, partition=1), KEY)):
-        persistent_state_mod(message(tiny_model(2), {"lips-run-key": key}, MessageType.EVALUATE), ctx, app)
+        config = {"lips-run-key": key, "lips-round": 2}
+        persistent_state_mod(message(tiny_model(2), config, MessageType.EVALUATE), ctx, app)
         assert SIGNAL_KEY not in ctx.state and LOCAL_KEY not in ctx.state
     plain = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     assert state_path(plain, {"lips-run-key": KEY}) is None
@@ -120,6 +123,28 @@ def test_numpy_client_keeps_its_state_across_runs(tmp_path):
     kept = first.state[LOCAL_KEY]
     second = new_run_context(tmp_path)
     LIPSNumPyClient(UserClient(app), second, param_names=NAMES, keep_local="batchnorm").evaluate(
-        list(tiny_model(1).values()), {"lips-run-key": KEY})
+        list(tiny_model(1).values()), {"lips-run-key": KEY, "lips-round": 1})
     for name in batch_norm_names(tiny_model(0)):
         np.testing.assert_array_equal(app.received[-1][name], kept[name].numpy())
+
+
+def test_a_round_the_server_lost_is_trained_again_from_the_state_before_it(tmp_path):
+    """The server checkpointed round 2, then crashed in round 3 after this client had trained it."""
+    app, first = FakeApp(), new_run_context(tmp_path)
+    train_round(first, app, 1)
+    train_round(first, app, 2)
+    after_two = first.state[LOCAL_KEY]
+    train_round(first, app, 3)  # lost with the server
+    resumed = new_run_context(tmp_path)
+    train_round(resumed, app, 3)  # round 3 again: from the state after round 2
+    for name in batch_norm_names(tiny_model(3)):
+        np.testing.assert_array_equal(app.received[-1][name], after_two[name].numpy())
+    # An evaluation of round 3 in a fresh context may use the state saved after round 3.
+    evaluating = new_run_context(tmp_path)
+    persistent_state_mod(
+        message(tiny_model(4), {"lips-run-key": KEY, "lips-round": 3}, MessageType.EVALUATE),
+        evaluating, app)
+    assert evaluating.state[SIGNAL_ROUND_KEY]["round"] == 3
+    # Round 4 after the re-trained round 3: the files hold rounds 4 and 3.
+    train_round(resumed, app, 4)
+    assert sorted(read_groups(p, "state")[1]["round"] for p in tmp_path.iterdir()) == [3, 4]

@@ -17,15 +17,30 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    Code,
+    EvaluateRes,
+    FitRes,
+    GetParametersRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAdam as LegacyFedAdam
+from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.server.strategy import FedAvgM as LegacyFedAvgM
-from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+)
 
 from lips_flwr.checkpoint import load_checkpoint
-from lips_flwr.strategies import LIPS, LegacyLIPS, LIPSFedAvg
+from lips_flwr.npz_store import read_groups, write_groups
+from lips_flwr.strategies import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg
 from flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 
 ROUNDS, CRASH_AT = 8, 5  # round 5 is a mask round (every=2): the first resumed round masks
@@ -80,17 +95,26 @@ INNER = {
                                min_available_nodes=4),
     "FedAdam": lambda: FedAdam(eta=0.05, fraction_train=0.5, fraction_evaluate=0.5,
                                min_available_nodes=4),
+    # Noise from numpy's global RNG; a clipping norm that evolves (a float attribute).
+    "DP-adaptive(FedAvgM)": lambda: DifferentialPrivacyServerSideAdaptiveClipping(
+        INNER["FedAvgM"](), noise_multiplier=0.05, num_sampled_clients=2, clipped_count_stddev=0.5),
 }
+MAKE = {name: (lambda name=name, **kw: LIPS(INNER[name](), **LIPS_KW, **kw)) for name in INNER}
+MAKE["LIPSFedAvg"] = lambda **kw: LIPSFedAvg(fraction_train=0.5, fraction_evaluate=0.5,
+                                             min_available_nodes=4, **LIPS_KW, **kw)
 
 
 def run_message(make, crash_at=None, seed=7):
     sampled, evaluated = [], []
 
     def evaluate_fn(server_round, arrays):
+        # A centralized evaluation that draws from both RNGs (a random test subset, say).
         evaluated.append(server_round)
-        return MetricRecord({"norm": float(sum(np.abs(a).sum() for a in to_numpy(arrays).values()))})
+        return MetricRecord({"norm": float(sum(np.abs(a).sum() for a in to_numpy(arrays).values())),
+                             "draw": random.random() + np.random.random()})
 
     random.seed(seed)
+    np.random.seed(seed)
     result = make().start(grid=message_grid(sampled, crash_at), initial_arrays=to_record(tiny_model()),
                           num_rounds=ROUNDS, evaluate_fn=evaluate_fn)
     return result, sampled, evaluated
@@ -100,20 +124,21 @@ def comparable(metrics: MetricRecord) -> dict:
     return {k: v for k, v in metrics.items() if k not in VOLATILE}
 
 
-@pytest.mark.parametrize("inner", list(INNER))
+@pytest.mark.parametrize("inner", list(MAKE))
 def test_message_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, task_identity, inner):
     path = tmp_path / "ckpt" / "lips.npz"
-    whole, sampled, evaluated = run_message(lambda: LIPS(INNER[inner](), **LIPS_KW))
+    make = MAKE[inner]
+    whole, sampled, evaluated = run_message(make)
 
     with pytest.raises(Crash):
-        run_message(lambda: LIPS(INNER[inner](), checkpoint_path=path, **LIPS_KW), crash_at=CRASH_AT)
+        run_message(lambda: make(checkpoint_path=path), crash_at=CRASH_AT)
     assert load_checkpoint(path).round == CRASH_AT - 1
     with np.load(path) as npz:  # the inertia tracker's previous model is the saved model
         assert not [f for f in npz.files if f.startswith("inertia-previous")]
 
     resumed, sampled_after, evaluated_after = run_message(
-        lambda: LIPS(INNER[inner](), checkpoint_path=path, resume=True, **LIPS_KW), seed=12345)
-    # The random state came from the checkpoint, not from seed 12345: the same nodes are sampled.
+        lambda: make(checkpoint_path=path, resume=True), seed=12345)
+    # The RNGs' state came from the checkpoint, not from seed 12345: the same nodes are sampled.
     assert sampled_after == [s for s in sampled if s[0] >= CRASH_AT]
     for name, array in to_numpy(whole.arrays).items():
         np.testing.assert_array_equal(to_numpy(resumed.arrays)[name], array, err_msg=name)
@@ -126,7 +151,8 @@ def test_message_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, task
     assert sorted(resumed.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
     assert resumed.train_metrics_clientapp[CRASH_AT]["lips-mask-round"] == 1
     assert "inertia-cos-t0/conv2.weight" in resumed.train_metrics_clientapp[CRASH_AT]
-    assert evaluated_after == list(range(CRASH_AT - 1, ROUNDS + 1))
+    # The checkpoint's model was evaluated before the crash: the result comes from the checkpoint.
+    assert evaluated_after == list(range(CRASH_AT, ROUNDS + 1))
     assert load_checkpoint(path).round == ROUNDS
 
 
@@ -164,7 +190,7 @@ def test_message_api_resume_at_the_last_round_runs_nothing(tmp_path, task_identi
     assert sorted(again.train_metrics_clientapp) == sorted(whole.train_metrics_clientapp)
     for name, array in to_numpy(whole.arrays).items():
         np.testing.assert_array_equal(to_numpy(again.arrays)[name], array)
-    assert f"rounds 1-{ROUNDS} are done" in caplog.text
+    assert f"all {ROUNDS} rounds are done, nothing to run" in caplog.text
 
 
 def test_message_api_auto_without_a_file_starts_fresh_and_true_requires_it(tmp_path, task_identity, caplog):
@@ -213,25 +239,38 @@ def legacy_proxy(cid: int, sampled: list) -> ClientProxy:
     def evaluate(ins, timeout, group_id):
         return EvaluateRes(Status(Code.OK, ""), loss=cid / 10, num_examples=5, metrics={})
 
+    def get_parameters(ins, timeout, group_id):  # the legacy server asks a client without initial_parameters
+        return GetParametersRes(Status(Code.OK, ""), ndarrays_to_parameters(list(tiny_model().values())))
+
     proxy.fit.side_effect = fit
     proxy.evaluate.side_effect = evaluate
+    proxy.get_parameters.side_effect = get_parameters
     return proxy
 
 
+SAMPLING = dict(fraction_fit=0.5, min_fit_clients=2, fraction_evaluate=0.5, min_evaluate_clients=2,
+                min_available_clients=4)
 LEGACY_INNER = {
+    "FedAvg": lambda cfg, ev: LegacyFedAvg(on_fit_config_fn=cfg, evaluate_fn=ev, **SAMPLING),
     "FedAvgM": lambda cfg, ev: LegacyFedAvgM(
         server_momentum=0.9, initial_parameters=ndarrays_to_parameters(list(tiny_model().values())),
-        fraction_fit=0.5, min_fit_clients=2, fraction_evaluate=0.5, min_evaluate_clients=2,
-        min_available_clients=4, on_fit_config_fn=cfg, evaluate_fn=ev),
+        on_fit_config_fn=cfg, evaluate_fn=ev, **SAMPLING),
     "FedAdam": lambda cfg, ev: LegacyFedAdam(
         eta=0.05, initial_parameters=ndarrays_to_parameters(list(tiny_model().values())),
-        fraction_fit=0.5, min_fit_clients=2, fraction_evaluate=0.5, min_evaluate_clients=2,
-        min_available_clients=4, on_fit_config_fn=cfg, evaluate_fn=ev),
+        on_fit_config_fn=cfg, evaluate_fn=ev, **SAMPLING),
 }
+LEGACY_MAKE = {
+    name: (lambda cfg, ev, name=name, **kw: LegacyLIPS(
+        LEGACY_INNER[name](cfg, ev), param_names=NAMES, num_rounds=ROUNDS, **LIPS_KW, **kw))
+    for name in LEGACY_INNER
+}
+LEGACY_MAKE["LegacyLIPSFedAvg"] = lambda cfg, ev, **kw: LegacyLIPSFedAvg(
+    param_names=NAMES, num_rounds=ROUNDS, on_fit_config_fn=cfg, evaluate_fn=ev, **SAMPLING,
+    **LIPS_KW, **kw)
 
 
 def run_legacy(inner, seed=7, crash_at=None, **lips):
-    sampled, evaluated = [], []
+    sampled, evaluated, draws = [], [], {}
 
     def fit_config(server_round):
         if server_round == crash_at:
@@ -240,34 +279,40 @@ def run_legacy(inner, seed=7, crash_at=None, **lips):
 
     def evaluate_fn(server_round, ndarrays, config):
         evaluated.append(server_round)
+        draws[server_round] = random.random() + np.random.random()  # a random test subset, say
         return 0.0, {}
 
-    strategy = LegacyLIPS(LEGACY_INNER[inner](fit_config, evaluate_fn), param_names=NAMES,
-                          num_rounds=ROUNDS, **LIPS_KW, **lips)
+    strategy = LEGACY_MAKE[inner](fit_config, evaluate_fn, **lips)
     manager = SimpleClientManager()
     for cid in range(1, 5):
         manager.register(legacy_proxy(cid, sampled))
     random.seed(seed)
+    np.random.seed(seed)
     server = Server(client_manager=manager, strategy=strategy)
     history, _ = server.fit(num_rounds=strategy.rounds_left, timeout=None)
-    return dict(zip(NAMES, parameters_to_ndarrays(server.parameters))), history, sampled, evaluated, strategy
+    model = dict(zip(NAMES, parameters_to_ndarrays(server.parameters)))
+    return model, history, sampled, (evaluated, draws), strategy
 
 
-@pytest.mark.parametrize("inner", list(LEGACY_INNER))
+@pytest.mark.parametrize("inner", list(LEGACY_MAKE))
 def test_legacy_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, inner):
     path = tmp_path / "lips.npz"
-    whole, history, sampled, evaluated, _ = run_legacy(inner)
+    whole, history, sampled, (_, draws), _ = run_legacy(inner)
     with pytest.raises(Crash):
         run_legacy(inner, crash_at=CRASH_AT, checkpoint_path=path)
     assert load_checkpoint(path).round == CRASH_AT - 1
 
-    model, history_after, sampled_after, evaluated_after, strategy = run_legacy(
+    model, history_after, sampled_after, (evaluated_after, draws_after), strategy = run_legacy(
         inner, seed=12345, checkpoint_path=path, resume=True)
     assert strategy.rounds_left == ROUNDS - CRASH_AT + 1
     assert sampled_after == [s for s in sampled if s[0] >= CRASH_AT]
     for name, array in whole.items():
         np.testing.assert_array_equal(model[name], array, err_msg=name)
-    assert evaluated_after == list(range(CRASH_AT - 1, ROUNDS + 1))  # the wrapped strategy sees true rounds
+    # The legacy loop evaluates its initial model (the checkpoint's) again; the wrapped
+    # strategy sees the schedule's round numbers, and the RNGs continue where they were.
+    assert evaluated_after == list(range(CRASH_AT - 1, ROUNDS + 1))
+    assert {r: d for r, d in draws_after.items() if r >= CRASH_AT} == {
+        r: d for r, d in draws.items() if r >= CRASH_AT}
     masks = dict(history.metrics_distributed_fit["lips-mask-round"])
     masks_after = dict(history_after.metrics_distributed_fit["lips-mask-round"])
     # Flower's legacy History counts the rounds of this run from 1.
@@ -371,3 +416,69 @@ def test_an_unwritable_checkpoint_path_fails_before_any_round(tmp_path, task_ide
     with pytest.raises(ValueError, match="cannot write the LIPS checkpoint"):
         LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), num_rounds=ROUNDS,
                    checkpoint_path=blocker / "lips.npz")
+
+
+# ----- other strategies, damaged or hostile checkpoints -----
+
+def test_resume_refuses_another_chain_even_without_array_state(tmp_path, task_identity):
+    path = tmp_path / "lips.npz"
+    run_message(lambda: MAKE["FedAvg"](checkpoint_path=path))  # FedAvg keeps no arrays
+    with pytest.raises(ValueError, match=r"wrapping \['LIPS', 'FedAvg'\].*wraps \['LIPS', 'FedAdam'\]"):
+        run_message(lambda: MAKE["FedAdam"](checkpoint_path=path, resume=True))
+
+
+def test_resume_warns_about_other_settings_of_the_wrapped_strategy(tmp_path, task_identity, caplog):
+    path = tmp_path / "lips.npz"
+    with pytest.raises(Crash):
+        run_message(lambda: MAKE["FedAvgM"](checkpoint_path=path), crash_at=CRASH_AT)
+    slower = lambda **kw: LIPS(FedAvgM(server_momentum=0.5, fraction_train=0.5,  # noqa: E731
+                                       fraction_evaluate=0.5, min_available_nodes=4), **LIPS_KW, **kw)
+    with caplog.at_level(logging.WARNING):
+        run_message(lambda: slower(checkpoint_path=path, resume=True))
+    assert "1.FedAvgM.server_momentum: checkpoint 0.9, now 0.5" in caplog.text
+
+
+def rewrite(path, edit) -> None:
+    """Rewrite a checkpoint's metadata (and arrays) as a damaged or hostile file would have them."""
+    groups, meta = read_groups(path, "test")
+    edit(groups, meta)
+    meta.pop("groups")
+    write_groups(path, groups, meta)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda g, m: m.update(round="3"), "expected an integer"),
+    (lambda g, m: m.update(run_key="../../etc"), "malformed run key"),
+    (lambda g, m: m["history"]["train"]["1"].update(x="NaN text"), "not a number"),
+    (lambda g, m: m.update(python_random=[3, [1, 2], None]), "malformed Python random state"),
+    (lambda g, m: g.pop("model"), "damaged"),
+    (lambda g, m: m.update(inertia={"t0": 2, "reference": ["nope"], "previous": False}), "damaged"),
+    (lambda g, m: m.update(strategy={"0.FedAvgM.x": "dict"}), "damaged"),
+])
+def test_damaged_checkpoints_are_value_errors_before_any_round(tmp_path, task_identity, edit, match):
+    path = tmp_path / "lips.npz"
+    run_message(lambda: MAKE["FedAvgM"](checkpoint_path=path))
+    rewrite(path, edit)
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    # Arrays aimed at an attribute the chain never checkpoints (the LIPS sparsifier).
+    (lambda g, m: (g.update({"strategy-0.LIPS.sparsifier": {"a": np.ones(2)}}),
+                   m["strategy"].update({"0.LIPS.sparsifier": "dict"})), "would replace a TransientSparsifier"),
+    # A "scalar" aimed at an object.
+    (lambda g, m: m["strategy_meta"]["scalars"].update({"0.LIPS.sparsifier": 1}), "would replace a"),
+    # State for an attribute the chain does not have.
+    (lambda g, m: m["strategy_meta"]["scalars"].update({"1.FedAvgM.new_thing": 1}), "does not have"),
+])
+def test_hostile_strategy_state_is_refused(tmp_path, task_identity, edit, match):
+    path = tmp_path / "lips.npz"
+    with pytest.raises(Crash):
+        run_message(lambda: MAKE["FedAvgM"](checkpoint_path=path), crash_at=CRASH_AT)
+    rewrite(path, edit)
+    sampled: list = []
+    with pytest.raises(ValueError, match=match):
+        MAKE["FedAvgM"](checkpoint_path=path, resume=True).start(
+            grid=message_grid(sampled), initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
+    assert sampled == []
