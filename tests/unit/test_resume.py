@@ -482,3 +482,43 @@ def test_hostile_strategy_state_is_refused(tmp_path, task_identity, edit, match)
         MAKE["FedAvgM"](checkpoint_path=path, resume=True).start(
             grid=message_grid(sampled), initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
     assert sampled == []
+
+
+class Ledger:
+    """Stands for the DP privacy accountant: JSON state through state_dict()/load_state_dict()."""
+
+    def __init__(self) -> None:
+        self.events: list[int] = []
+
+    def state_dict(self) -> dict:
+        return {"events": list(self.events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"events"}:
+            raise ValueError("not a ledger state")
+        self.events = list(state["events"])
+
+
+class LedgerFedAvg(FedAvg):
+    """A strategy whose state is an object, not arrays or numbers."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ledger = Ledger()
+
+    def aggregate_train(self, server_round, replies):
+        self.ledger.events.append(server_round)
+        return super().aggregate_train(server_round, replies)
+
+
+def test_objects_with_a_state_dict_are_saved_and_loaded(tmp_path, task_identity):
+    path = tmp_path / "lips.npz"
+    make = lambda **kw: LIPS(LedgerFedAvg(fraction_evaluate=0.0), **LIPS_KW, **kw)  # noqa: E731
+    with pytest.raises(Crash):
+        run_message(lambda: make(checkpoint_path=path), crash_at=CRASH_AT)
+    resumed = make(checkpoint_path=path, resume=True)
+    run_message(lambda: resumed)
+    assert resumed.strategy.ledger.events == list(range(1, ROUNDS + 1))
+    rewrite(path, lambda g, m: m["strategy_meta"]["objects"]["1.LedgerFedAvg.ledger"].update(x=1))
+    with pytest.raises(ValueError, match="cannot restore '1.LedgerFedAvg.ledger'.*not a ledger state"):
+        run_message(lambda: make(checkpoint_path=path, resume=True))
