@@ -2,7 +2,7 @@
 
 A Message API ``LIPS(FedAvg())`` with ``checkpoint_path=`` writes the
 checkpoint after round ``r - 1`` at the start of round ``r``, in
-``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies._resume.save_round``:
+``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies._resume.CheckpointKeeper.save``:
 the sparsifier's state, the wrapped strategies' model-shaped state, Python's
 ``random`` state and the metrics history, written by ``np.savez`` to a
 temporary file beside the target, flushed, **fsync'ed** and ``os.replace``'d).
@@ -13,7 +13,8 @@ four strategies side by side, interleaved round-robin:
 
 - ``LIPS(FedAvg())`` vs the same with ``checkpoint_path=``, inertia off;
 - the same pair with ``inertia_t0=2`` (the inertia tracker keeps two copies of
-  the tracked layers, which the checkpoint then holds as well).
+  the tracked layers: the checkpoint holds the reference one; the previous
+  round's equals the saved model and is stored once).
 
 Each strategy first runs rounds 1 and 2 (the layer choice, the inertia
 reference of round 2), its metrics history is filled up to round ``r - 1`` as
@@ -106,10 +107,11 @@ class Variant:
 
     def round(self, rnd: int) -> None:
         s = self.strategy
-        s._lips_saved_round = None  # write again on every repetition, as each round of a run does
+        s._lips_keeper.saved_round = None  # write again on every repetition, as each round does
         list(s.configure_train(rnd, self.model, self.config, self.grid))
         start = time.perf_counter()
-        _, metrics = s.aggregate_train(rnd, self.replies)
+        arrays, metrics = s.aggregate_train(rnd, self.replies)
+        self.model = arrays  # the next round starts from this aggregate, as in a run
         self.aggregates.append(time.perf_counter() - start)
         if self.path is not None:
             if "lips-checkpoint-seconds" in metrics:  # round 1 has no round before it to save
@@ -126,7 +128,7 @@ class Variant:
 
     def save_only(self, rnd: int) -> None:
         """The write alone (for its memory peak)."""
-        self.strategy._lips_saved_round = None
+        self.strategy._lips_keeper.saved_round = None
         self.strategy._save_checkpoint(rnd - 1, self.model)
 
 
