@@ -221,3 +221,10 @@ def test_inertia_tensors_equal_to_the_model_are_stored_once(tmp_path):
     save_checkpoint(tmp_path / "d.npz", saved)
     loaded = load_checkpoint(tmp_path / "d.npz")
     assert loaded.inertia["previous"]["fc.weight"].dtype == np.float32
+
+
+def test_a_temporary_file_left_by_a_crash_goes_with_the_next_save(tmp_path):
+    (tmp_path / ".lips.npz.k3j2h1").write_bytes(b"half a checkpoint")  # a SIGKILL mid-write
+    (tmp_path / "other.npz").write_bytes(b"not ours")
+    save_checkpoint(tmp_path / "lips.npz", full_checkpoint())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lips.npz", "other.npz"]
