@@ -63,7 +63,7 @@ def client_update(model: dict[str, np.ndarray], node: int, server_round: int) ->
 
 # ----- Message API -----
 
-def message_grid(sampled: list, crash_at: int | None = None):
+def message_grid(sampled: list, crash_at: int | None = None, uniform: bool = False):
     g = grid(4)
 
     def answer(messages, timeout):
@@ -76,7 +76,7 @@ def message_grid(sampled: list, crash_at: int | None = None):
                     raise Crash()
                 sampled.append((server_round, node))
                 model = client_update(to_numpy(msg.content["arrays"]), node, server_round)
-                out.append(reply(model, 10 + node, node_id=node))
+                out.append(reply(model, 10 if uniform else 10 + node, node_id=node))
             else:
                 ev = Mock(spec=Message)
                 ev.content = RecordDict({"metrics": MetricRecord({"num-examples": 5, "acc": node / 10})})
@@ -104,7 +104,7 @@ MAKE["LIPSFedAvg"] = lambda **kw: LIPSFedAvg(fraction_train=0.5, fraction_evalua
                                              min_available_nodes=4, **LIPS_KW, **kw)
 
 
-def run_message(make, crash_at=None, seed=7):
+def run_message(make, crash_at=None, seed=7, uniform=False):
     sampled, evaluated = [], []
 
     def evaluate_fn(server_round, arrays):
@@ -115,7 +115,7 @@ def run_message(make, crash_at=None, seed=7):
 
     random.seed(seed)
     np.random.seed(seed)
-    result = make().start(grid=message_grid(sampled, crash_at), initial_arrays=to_record(tiny_model()),
+    result = make().start(grid=message_grid(sampled, crash_at, uniform), initial_arrays=to_record(tiny_model()),
                           num_rounds=ROUNDS, evaluate_fn=evaluate_fn)
     return result, sampled, evaluated
 
@@ -522,3 +522,32 @@ def test_objects_with_a_state_dict_are_saved_and_loaded(tmp_path, task_identity)
     rewrite(path, lambda g, m: m["strategy_meta"]["objects"]["1.LedgerFedAvg.ledger"].update(x=1))
     with pytest.raises(ValueError, match="cannot restore '1.LedgerFedAvg.ledger'.*not a ledger state"):
         run_message(lambda: make(checkpoint_path=path, resume=True))
+
+
+def test_the_privacy_accountant_continues_across_a_resume(tmp_path, task_identity):
+    """Flower's fixed-clipping DP wrapper with its RDP accountant: privacy spent is not reset."""
+    pytest.importorskip("dp_accounting")
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+    def make(**kw):
+        accountant = RdpAccountant(PrivacyConfig(
+            target_delta=1e-5, population_size=4, sampling_method=SamplingMethod.NO_AMPLIFICATION,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE))
+        dp = DifferentialPrivacyServerSideFixedClipping(
+            INNER["FedAvg"](), noise_multiplier=1.0, clipping_norm=5.0, num_sampled_clients=2,
+            accountant=accountant)
+        return LIPS(dp, **LIPS_KW, **kw)
+
+    path = tmp_path / "lips.npz"
+    whole_strategy = make()
+    whole, _, _ = run_message(lambda: whole_strategy, uniform=True)
+    with pytest.raises(Crash):
+        run_message(lambda: make(checkpoint_path=path), crash_at=CRASH_AT, uniform=True)
+    resumed_strategy = make(checkpoint_path=path, resume=True)
+    resumed, _, _ = run_message(lambda: resumed_strategy, seed=12345, uniform=True)
+    spent, spent_after = whole_strategy.privacy_spent(), resumed_strategy.privacy_spent()
+    assert spent_after.num_releases == spent.num_releases == ROUNDS
+    assert spent_after.epsilon == spent.epsilon
+    for name, array in to_numpy(whole.arrays).items():  # the noise continues too (numpy's RNG)
+        np.testing.assert_array_equal(to_numpy(resumed.arrays)[name], array, err_msg=name)
