@@ -54,7 +54,7 @@ class _LIPSMixin:
 
     sparsifier: TransientSparsifier
     _lips_previous: ArrayRecord | None = None
-    _lips_keeper: CheckpointKeeper = CheckpointKeeper(None, False)
+    _lips_keeper: CheckpointKeeper  # set by the constructors (_init_checkpoint)
     _lips_history: dict | None = None
 
     def _init_checkpoint(self, checkpoint_path: Any, resume_mode: Any) -> None:
@@ -307,11 +307,14 @@ class LIPS(_LIPSMixin, _Wrapper):
         similarity to the model of round ``inertia_t0``; ``inertia-cos-prev/<layer>``;
         ``inertia-step/<layer>``) to each round's train metrics; ``None``: off.
     checkpoint_path : str or PathLike, optional
-        Save the strategy's state to this ``.npz`` file after every round
-        (atomically): the global model, the round, LIPS's layer choice and
-        inertia series, the wrapped strategies' model-shaped state (e.g.
-        FedAvgM's momentum, FedAdam's moments) and Python's ``random`` state.
-        See :mod:`lips_flwr.checkpoint`.
+        Save the strategy's state to this ``.npz`` file at the start of every
+        round and after the last (atomically): the global model, the round,
+        LIPS's layer choice, inertia series and run key, the wrapped
+        strategies' state (model-shaped arrays such as FedAvgM's momentum,
+        numbers that changed such as an adaptive clipping norm, objects with
+        a JSON ``state_dict()`` such as a privacy accountant), the state of
+        Python's and numpy's global RNGs and the metrics so far. See
+        :mod:`lips_flwr.checkpoint` and :mod:`._strategy_state`.
     resume : bool or "auto" (default: False)
         ``True``: continue from ``checkpoint_path`` (it must exist); ``"auto"``:
         continue when it exists, else start at round 1. The checkpoint must
