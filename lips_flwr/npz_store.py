@@ -36,27 +36,39 @@ def write_groups(
     write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
+def _load(path: str | os.PathLike, what: str, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:
+    """``(files, meta)`` of ``path``; ``files`` empty unless ``arrays`` (npz members load lazily)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {str(path)!r}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            meta = json.loads(npz[_META].tobytes().decode("utf-8"))
+            files = {name: npz[name] for name in npz.files if name != _META} if arrays else {}
+        if not isinstance(meta, dict) or not isinstance(meta["groups"], dict):
+            raise ValueError("malformed metadata")
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError,
+            UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not a readable {what}: {err!r}") from err
+    return files, meta
+
+
+def read_meta(path: str | os.PathLike, what: str) -> dict:
+    """Only the metadata of a file written by :func:`write_groups` (no array is read)."""
+    return _load(path, what, arrays=False)[1]
+
+
 def read_groups(path: str | os.PathLike, what: str) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
     """Read a file written by :func:`write_groups`: ``(groups, meta)``.
 
     Raises ``FileNotFoundError`` when there is no file, and ``ValueError``
     naming ``what`` the file should be when it is unreadable or damaged.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no {what} at {str(path)!r}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            files = {name: npz[name] for name in npz.files}
-        meta = json.loads(files.pop(_META).tobytes().decode("utf-8"))
-        names = meta["groups"]
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError,
-            UnicodeDecodeError) as err:
-        raise ValueError(f"{str(path)!r} is not a readable {what}: {err!r}") from err
+    files, meta = _load(path, what, arrays=True)
     groups = {}
-    for group, members in names.items():
+    for group, members in meta["groups"].items():
         try:
             groups[group] = {name: files[f"{group}/{i}"] for i, name in enumerate(members)}
-        except KeyError as err:
+        except (KeyError, TypeError) as err:
             raise ValueError(f"{str(path)!r} is damaged: {group!r} lacks {err}") from err
     return groups, meta

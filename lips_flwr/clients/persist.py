@@ -25,7 +25,7 @@ from pathlib import Path
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import log
 
-from ..npz_store import read_groups, write_groups
+from ..npz_store import read_groups, read_meta, write_groups
 from ..records import numpy_to_record, record_to_numpy
 from ..sparsifier import KEY_ROUND, KEY_RUN
 from .state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
@@ -55,7 +55,7 @@ def _saved_round(path: Path) -> int | None:
     if not path.exists():
         return None
     try:
-        _, meta = read_groups(path, "LIPS client state")
+        meta = read_meta(path, "LIPS client state")  # the arrays are read only for the chosen file
         if meta.get("format") != FORMAT or not isinstance(meta.get("round"), int):
             raise ValueError(f"{str(path)!r} is not a LIPS client state file")
     except ValueError as err:
