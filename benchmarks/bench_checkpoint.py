@@ -2,8 +2,8 @@
 
 A Message API ``LIPS(FedAvg())`` with ``checkpoint_path=`` writes the
 checkpoint after round ``r - 1`` at the start of round ``r``, in
-``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies._resume.CheckpointKeeper.save``:
-the sparsifier's state, the wrapped strategies' model-shaped state, Python's
+``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies._checkpointing.CheckpointKeeper.save``:
+the LIPS core's state, the wrapped strategies' model-shaped state, Python's
 ``random`` state and the metrics history, written by ``np.savez`` to a
 temporary file beside the target, flushed, **fsync'ed** and ``os.replace``'d).
 So what is timed here is the train half of a round's server work,

@@ -48,8 +48,8 @@ from common import (
 )
 from lips_flwr.clients import LIPSNumPyClient, lips_mod
 from lips_flwr.clients.state import SIGNAL_KEY, SIGNAL_ROUND_KEY
-from lips_flwr.layers import select_layers
-from lips_flwr.records import numpy_to_record
+from lips_flwr.core.layers import select_layers
+from lips_flwr._records import numpy_to_record
 
 try:  # Messages need the identity of a running task
     from flwr.supercore.task_identity import TaskIdentity
@@ -84,7 +84,7 @@ class Setup:
     def train_arrays(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.train == "trivial":
             return {k: v + self.bump[k] if k in self.bump else v for k, v in arrays.items()}
-        from lips_flwr.training import train_tensors  # noqa: PLC0415
+        from lips_flwr.experiments.training import train_tensors  # noqa: PLC0415
 
         self.net.load_state_dict(OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in arrays.items()))
         train_tensors(self.net, self.x, self.y, epochs=1, batch_size=100, lr=0.1)

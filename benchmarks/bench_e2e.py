@@ -2,7 +2,7 @@
 
 Runs examples/quickstart-message (Message API, scikit-learn digits, a small
 CNN, ``LIPS(FedAvg)`` with ``fedbn_mod`` and ``lips_mod`` on the clients)
-through :func:`lips_flwr.local_run.local_flower` (a private SuperLink, stopped
+through :func:`lips_flwr.experiments.local_flower.local_flower` (a private SuperLink, stopped
 at the end), one run after another on one SuperLink:
 
 - LIPS (``tau0=0.5``, masks after rounds 1 and 6) vs LIPS off (``tau0=0``:
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, code_line, load_line, machine_line, table
-from lips_flwr.local_run import local_flower
+from lips_flwr.experiments.local_flower import local_flower
 
 APP = ROOT / "examples" / "quickstart-message"
 

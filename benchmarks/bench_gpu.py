@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, BENCH, code_line, load_line, machine_line, table
-from lips_flwr.local_run import local_flower
+from lips_flwr.experiments.local_flower import local_flower
 
 APP = BENCH / "resnet8-sim"
 

@@ -18,7 +18,7 @@ interleaved round-robin. Reported per case:
 - extra peak memory: tracemalloc peak of the LIPS call minus that of the bare
   call, for 10, 50 and 100 replies, in MB and in model sizes (float32 bytes).
 
-Then the masking throughput: ``lips_flwr.masking.sparsify`` on the model's
+Then the masking throughput: ``lips_flwr.core.masking.sparsify`` on the model's
 middle layers, in bytes of those layers per second, against ``np.copy`` of the
 same arrays (a memory-bandwidth baseline).
 
@@ -47,8 +47,8 @@ from flwr.common import ndarrays_to_parameters
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
 
-from lips_flwr.layers import select_layers
-from lips_flwr.masking import model_update, sparsify
+from lips_flwr.core.layers import select_layers
+from lips_flwr.core.masking import model_update, sparsify
 from lips_flwr.strategies import LIPS, LegacyLIPS
 
 try:  # Messages built by configure_train need the identity of a running task

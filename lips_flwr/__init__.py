@@ -1,25 +1,35 @@
 """lips-flwr: LIPS transient sparsity (arXiv 2506.00932) for Flower.
 
-The algorithm lives in plain numpy modules with no ``flwr`` import
-(:mod:`~lips_flwr.schedule`, :mod:`~lips_flwr.scores`, :mod:`~lips_flwr.layers`,
-:mod:`~lips_flwr.masking`, :mod:`~lips_flwr.inertia`,
-:mod:`~lips_flwr.sparsifier`, :mod:`~lips_flwr.local`,
-:mod:`~lips_flwr.validation`); the Flower adapters are in
-:mod:`lips_flwr.strategies` and :mod:`lips_flwr.clients`.
+- :mod:`lips_flwr.strategies`: the server side, ``LIPS``/``LIPSFedAvg``
+  (Message API) and ``LegacyLIPS``/``LegacyLIPSFedAvg`` (legacy API);
+- :mod:`lips_flwr.clients`: the client side, ``lips_mod``, ``fedbn_mod``,
+  ``persistent_state_mod`` and ``LIPSNumPyClient``;
+- :mod:`lips_flwr.core`: the algorithm in plain numpy, no ``flwr`` import
+  (re-exported here);
+- :mod:`lips_flwr.protocol`: the ``lips-*`` keys both sides agree on;
+- :mod:`lips_flwr.persistence`: checkpoints and client state on disk;
+- :mod:`lips_flwr.experiments`: data, models and training loops that the
+  examples and benchmarks share.
 """
 
-from .layers import batch_norm_names, candidate_names, select_layers
-from .masking import mask_lowest, num_zeros, sparsify
-from .schedule import MaskSchedule
-from .sparsifier import TransientSparsifier
+from .core.layers import batch_norm_names, candidate_names, select_layers
+from .core.lips import LIPSCore, RoundOutcome
+from .core.masking import mask_layers, mask_lowest, num_zeros, sparsify
+from .core.schedule import MaskSchedule
 
 __version__ = "0.1.0"
 
+# The name before 0.2, kept for code that imported it.
+TransientSparsifier = LIPSCore
+
 __all__ = [
+    "LIPSCore",
     "MaskSchedule",
+    "RoundOutcome",
     "TransientSparsifier",
     "batch_norm_names",
     "candidate_names",
+    "mask_layers",
     "mask_lowest",
     "num_zeros",
     "select_layers",

@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy  # noqa: E402
 
-from lips_flwr.local_run import local_flower  # noqa: E402
+from lips_flwr.experiments.local_flower import local_flower  # noqa: E402
 
 APP = Path(__file__).resolve().parent
 ROOT = APP.parents[1]

@@ -1,4 +1,4 @@
-"""The reviewers' study (spec section 10): LIPS against its controls, tuned on validation only.
+"""The controlled study: LIPS against its controls, tuned on validation only.
 
 1. Selection: every tunable method runs with a validation split carved from
    each client's training data (``val-fraction``) on a *selection seed* that
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy, plot_heatmap  # noqa: E402
 from run_grid import ROOT, run_one, table  # noqa: E402
 
-from lips_flwr.local_run import local_flower  # noqa: E402
+from lips_flwr.experiments.local_flower import local_flower  # noqa: E402
 
 # Candidate settings per method; methods absent here have nothing to tune, and
 # the LIPS variants reuse the (tau0, every) selected for LIPS.

@@ -14,17 +14,20 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Sequence
 from logging import ERROR, WARNING
+from typing import TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 
-from ..layers import batch_norm_names
-from ..records import numpy_to_record, record_views
-from .persist import load_state, message_round, save_state, state_path
+from .._records import numpy_to_record, record_views
+from ..core.layers import batch_norm_names
+from ..protocol import config_round
+from .persist import load_state, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 ClientAppCallable = Callable[[Message, Context], Message]
+_R = TypeVar("_R")
 # Older Flower releases have no MOD_FAILED_PRECONDITION.
 _MOD_ERROR = getattr(ErrorCode, "MOD_FAILED_PRECONDITION", ErrorCode.UNKNOWN)
 
@@ -39,7 +42,7 @@ def _error_reply(msg: Message, reason: str) -> Message:
     return Message(Error(code=_MOD_ERROR, reason=reason), reply_to=msg)
 
 
-def _single(msg: Message, kind: type) -> tuple[str, object] | None:
+def _single(msg: Message, kind: type[_R]) -> tuple[str, _R] | None:
     records = [(k, v) for k, v in msg.content.items() if isinstance(v, kind)]
     return records[0] if len(records) == 1 else None
 
@@ -97,7 +100,7 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
     local : sequence of str, optional
         Names or glob patterns of the tensors that never take the server's
         value. Default: the batch-norm tensors, recognised by their running
-        statistics (see :func:`lips_flwr.layers.batch_norm_names`).
+        statistics (see :func:`lips_flwr.core.layers.batch_norm_names`).
     """
 
     def local_names(arrays) -> list[str]:
@@ -136,7 +139,7 @@ def persistent_state_mod(msg: Message, context: Context, call_next: ClientAppCal
     """
     found = _single(msg, ConfigRecord)
     config = found[1] if found else {}
-    path, server_round = state_path(context, config), message_round(config)
+    path, server_round = state_path(context, config), config_round(config)
     train = _kind(msg) == MessageType.TRAIN
     if server_round is not None:  # a train message needs the state from before its round
         load_state(context.state, path, server_round if train else server_round + 1)
@@ -148,3 +151,6 @@ def persistent_state_mod(msg: Message, context: Context, call_next: ClientAppCal
 
 fedbn_mod = make_fedbn_mod()
 fedbn_mod.__doc__ = """FedBN: batch-norm tensors stay local to each client (``make_fedbn_mod()``)."""
+
+
+__all__ = ["fedbn_mod", "lips_mod", "make_fedbn_mod", "persistent_state_mod"]

@@ -11,8 +11,9 @@ from flwr.app import Context
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from ..layers import batch_norm_names
-from .persist import load_state, message_round, save_state, state_path
+from ..core.layers import batch_norm_names
+from ..protocol import config_round
+from .persist import load_state, save_state, state_path
 from .state import after_training, before_training, restore_local, save_local
 
 _OPTIONAL = ("get_properties", "get_parameters", "evaluate")
@@ -166,7 +167,7 @@ class LIPSNumPyClient(NumPyClient):
         """Restore local tensors, mask on client-mode mask rounds, train, track the update."""
         state = self._lips_context.state
         saved_at = state_path(self._lips_context, config)  # a resumed run: see clients.persist
-        server_round = message_round(config)
+        server_round = config_round(config)
         if server_round is not None:
             load_state(state, saved_at, server_round)
         received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
@@ -186,8 +187,11 @@ class LIPSNumPyClient(NumPyClient):
     ) -> tuple[float, int, dict[str, Scalar]]:
         """Evaluate the received model with this client's local tensors restored."""
         named = self._named(parameters, "the server sent")
-        server_round = message_round(config)
+        server_round = config_round(config)
         if server_round is not None:
             load_state(self._lips_context.state, state_path(self._lips_context, config), server_round + 1)
         restored = restore_local(self._lips_context.state, named, self._lips_local)
         return self._inner("evaluate")(list(restored.values()), config)
+
+
+__all__ = ["LIPSNumPyClient"]

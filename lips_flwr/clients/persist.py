@@ -17,23 +17,22 @@ asked to train (or, for an evaluation, saved by then).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from logging import INFO, WARNING
 from pathlib import Path
+from typing import cast
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import log
 
-from ..npz_store import read_groups, read_meta, write_groups
-from ..records import numpy_to_record, record_to_numpy
-from ..sparsifier import KEY_ROUND, KEY_RUN
+from .._records import numpy_to_record, record_to_numpy
+from ..persistence.npz_store import read_groups, read_meta, write_groups
+from ..protocol import KEY_RUN, KEY_STATE_DIR, is_run_key
 from .state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
 
-STATE_DIR_KEY = "lips-state-dir"
+STATE_DIR_KEY = KEY_STATE_DIR  # the node/run config key naming the folder
 PERSISTED = (SIGNAL_KEY, SIGNAL_ROUND_KEY, LOCAL_KEY)
 FORMAT = "lips-flwr-client-state"
-_RUN_KEY = re.compile(r"[0-9a-f]{32}")  # what the strategies send: also keeps paths inside the folder
 
 
 def state_path(context: Context, config: Mapping) -> Path | None:
@@ -42,7 +41,7 @@ def state_path(context: Context, config: Mapping) -> Path | None:
     key = config.get(KEY_RUN)
     if not folder or key is None:
         return None
-    if not isinstance(key, str) or not _RUN_KEY.fullmatch(key):
+    if not is_run_key(key):  # also keeps paths inside the folder
         log(WARNING, "LIPS: malformed %s %r from the server: client state not kept on disk",
             KEY_RUN, key)
         return None
@@ -101,7 +100,8 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     if path is None:
         return
     present = [key for key in PERSISTED if key in state]
-    groups = {k: record_to_numpy(state[k]) for k in present if isinstance(state[k], ArrayRecord)}
+    groups = {k: record_to_numpy(cast(ArrayRecord, state[k]))
+              for k in present if isinstance(state[k], ArrayRecord)}
     configs = {k: dict(state[k]) for k in present if isinstance(state[k], ConfigRecord)}
     if not groups and not configs:
         return
@@ -111,7 +111,4 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
 
 
-def message_round(config: Mapping) -> int | None:
-    """The server round of a train or evaluate config from a LIPS strategy."""
-    value = config.get(KEY_ROUND)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+__all__ = ["STATE_DIR_KEY", "load_state", "save_state", "state_path"]

@@ -9,13 +9,15 @@ client's state means the same thing under both APIs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ..inertia import update_norms
-from ..local import ClientRoundConfig, client_mask, iter_local_update, parse_round_config
-from ..records import numpy_to_record, record_views
+from .._records import numpy_to_record, record_views
+from ..core.client_masking import client_mask, iter_local_update
+from ..core.inertia import update_norms
+from ..protocol import ClientRoundConfig, parse_train_config
 
 SIGNAL_KEY = "lips-signal"        # ArrayRecord: last local update (candidate layers)
 SIGNAL_ROUND_KEY = "lips-signal-round"  # ConfigRecord: {"round": server round of that update}
@@ -26,7 +28,7 @@ def restore_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Se
     """Replace the ``names`` tensors of the received model by this client's own (FedBN)."""
     out = dict(arrays)
     if LOCAL_KEY in state and names:
-        for name, array in state[LOCAL_KEY].items():
+        for name, array in cast(ArrayRecord, state[LOCAL_KEY]).items():
             if name in out and tuple(array.shape) == np.shape(out[name]):
                 out[name] = array.numpy()
     return out
@@ -47,13 +49,13 @@ def before_training(
     ``lips-*`` config (``None`` when the server is not a LIPS strategy).
     Raises ``ValueError`` for malformed ``lips-*`` keys.
     """
-    round_config = parse_round_config(config)
+    round_config = parse_train_config(config)
     if round_config is None or not round_config.masks:
         return dict(arrays), {}, round_config
     signal, signal_round = None, None
     if SIGNAL_KEY in state:
-        signal = record_views(state[SIGNAL_KEY])
-        signal_round = int(state[SIGNAL_ROUND_KEY]["round"])
+        signal = record_views(cast(ArrayRecord, state[SIGNAL_KEY]))
+        signal_round = int(cast(int, state[SIGNAL_ROUND_KEY]["round"]))
     masked, zeros, used = client_mask(arrays, round_config, signal, signal_round, salt)
     metrics = {
         "lips-client-zeros": float(sum(zeros.values())),
@@ -82,6 +84,13 @@ def after_training(
     metrics = {"lips-update-norm": float(np.sqrt(sum(v * v for v in norms.values())))}
     metrics.update({f"lips-update-norm/{name}": value for name, value in norms.items()})
     if keep:
+        assert round_config is not None  # keep implies it
         state[SIGNAL_KEY] = numpy_to_record(delta)
         state[SIGNAL_ROUND_KEY] = ConfigRecord({"round": round_config.server_round})
     return metrics
+
+
+__all__ = [
+    "LOCAL_KEY", "SIGNAL_KEY", "SIGNAL_ROUND_KEY", "after_training", "before_training",
+    "restore_local", "save_local",
+]

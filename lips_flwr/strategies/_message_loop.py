@@ -3,10 +3,11 @@
 Flower's loop counts the rounds it runs from 1 and keeps each round's
 metrics only in the ``Result`` it returns at the end. To resume after ``done``
 rounds, the loop is given a stand-in for the strategy (:class:`_StartLoop`)
-that passes the schedule's round ``done + i`` to every strategy method, and,
-when checkpointing, records what each round returned, so that a checkpoint
-holds the metrics of the rounds it covers and a resumed run returns the
-``Result`` of the whole run.
+that passes the schedule's round (:meth:`._adapter.LIPSAdapter._round`, the
+one shift both APIs use) to every strategy method, so that a subclass's
+methods see the schedule's rounds too, and, when checkpointing, records what
+each round returned, so that a checkpoint holds the metrics of the rounds it
+covers and a resumed run returns the ``Result`` of the whole run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+
+from ._adapter import LIPSAdapter
 
 HISTORY_PARTS = ("train", "evaluate", "server")  # Result's three metric series
 
@@ -38,7 +41,9 @@ class _StartLoop:
     """The strategy as Flower's ``start()`` loop sees it (see the module docstring)."""
 
     def __init__(self, strategy: Strategy, done: int, history: dict | None) -> None:
+        assert isinstance(strategy, LIPSAdapter)
         self._strategy, self._done, self._history = strategy, done, history
+        self._round = strategy._round
         # Flower logs "Starting <class name> strategy".
         self.__class__ = type(type(strategy).__name__, (_StartLoop,), {})
 
@@ -50,19 +55,19 @@ class _StartLoop:
         self._strategy.summary()
 
     def configure_train(self, server_round: int, *args: Any) -> Iterable[Message]:
-        return self._strategy.configure_train(server_round + self._done, *args)
+        return self._strategy.configure_train(self._round(server_round), *args)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
-        arrays, metrics = self._strategy.aggregate_train(server_round + self._done, replies)
-        self._record("train", server_round + self._done, metrics)
+        arrays, metrics = self._strategy.aggregate_train(self._round(server_round), replies)
+        self._record("train", self._round(server_round), metrics)
         return arrays, metrics
 
     def configure_evaluate(self, server_round: int, *args: Any) -> Iterable[Message]:
-        return self._strategy.configure_evaluate(server_round + self._done, *args)
+        return self._strategy.configure_evaluate(self._round(server_round), *args)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
-        metrics = self._strategy.aggregate_evaluate(server_round + self._done, replies)
-        self._record("evaluate", server_round + self._done, metrics)
+        metrics = self._strategy.aggregate_evaluate(self._round(server_round), replies)
+        self._record("evaluate", self._round(server_round), metrics)
         return metrics
 
     def evaluate_fn(
@@ -77,8 +82,8 @@ class _StartLoop:
             if server_round == 0 and self._done and earlier is not None:
                 # The checkpoint's model was evaluated before the crash: not again.
                 return MetricRecord(earlier)
-            metrics = evaluate_fn(server_round + self._done, arrays)
-            self._record("server", server_round + self._done, metrics)
+            metrics = evaluate_fn(self._round(server_round), arrays)
+            self._record("server", self._round(server_round), metrics)
             return metrics
 
         return shifted
@@ -96,7 +101,9 @@ def run_start(  # pylint: disable=too-many-arguments
     evaluate_config: ConfigRecord | None,
     evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
 ) -> Result:
-    """Run rounds ``done+1..num_rounds`` through Flower's loop; the Result numbers rounds as the schedule does.
+    """Run rounds ``done+1..num_rounds`` through Flower's loop.
+
+    The Result numbers rounds as the schedule does.
 
     ``history`` (recorded into when not ``None``) holds the metrics of rounds
     ``<= done`` when resuming; they are put in front of the new ones.

@@ -94,7 +94,8 @@ def scalar_settings(owner: Any) -> dict[str, Any]:
 
 def _object_state(value: Any) -> dict | None:
     """A JSON ``state_dict()`` of an object that can load it back, or ``None``."""
-    if not (callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))):
+    if not (callable(getattr(value, "state_dict", None))
+            and callable(getattr(value, "load_state_dict", None))):
         return None
     try:
         state = value.state_dict()

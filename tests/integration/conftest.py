@@ -1,7 +1,7 @@
 """Fixtures for end-to-end `flwr run` tests of the example apps.
 
 The session gets its own Flower home and SuperLink ports
-(:func:`lips_flwr.local_run.local_flower`); at the end of the session the
+(:func:`lips_flwr.experiments.local_flower.local_flower`); at the end of the session the
 SuperLink that ``flwr run`` started, and everything it started, is stopped by
 pid, however the tests ended.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lips_flwr.local_run import LocalFlower, find_superlinks, local_flower
+from lips_flwr.experiments.local_flower import LocalFlower, find_superlinks, local_flower
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lips_flwr.checkpoint import load_checkpoint
+from lips_flwr.persistence.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
 APP = Path(__file__).resolve().parents[2] / "examples" / "paper"

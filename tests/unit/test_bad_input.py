@@ -32,7 +32,7 @@ from flower_fakes import (
     to_numpy,
     to_record,
 )
-from lips_flwr.sparsifier import TransientSparsifier
+from lips_flwr.core.lips import LIPSCore
 from lips_flwr.strategies import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -503,7 +503,7 @@ def test_start_with_num_rounds_below_one_fails_before_the_grid_is_used():
     with pytest.raises(ValueError, match=r"`num_rounds` must be an integer >= 1, got 0"):
         strategy.start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=0)
     g.send_and_receive.assert_not_called()
-    assert strategy.sparsifier.num_rounds is None and strategy._lips_previous is None
+    assert strategy.core.num_rounds is None and strategy._lips_previous is None
 
 
 @api_param
@@ -583,13 +583,12 @@ def test_nonfinite_previous_model_skips_the_mask():
     model = tiny_model()
     previous = {k: v.copy() for k, v in model.items()}
     previous["conv2.weight"].reshape(-1)[3] = np.nan
-    reasons = []
-    sparsifier = TransientSparsifier(num_rounds=NUM_ROUNDS)
-    masked, metrics = sparsifier.after_aggregation(1, model, previous, on_skip=reasons.append)
+    outcome = LIPSCore(num_rounds=NUM_ROUNDS).round(1, model, previous)
+    masked, metrics, reasons = outcome.model, outcome.metrics, [outcome.problem]
     assert masked is None and metrics["lips-skipped"] == 1
     assert reasons == ["the update dw (aggregate - previous global model) has NaN or Inf "
                        "in ['conv2.weight']"]
     # the score that needs no dw masks the same round
-    masked, metrics = TransientSparsifier(num_rounds=NUM_ROUNDS, score="magnitude").after_aggregation(
-        1, model, previous)
+    outcome = LIPSCore(num_rounds=NUM_ROUNDS, score="magnitude").round(1, model, previous)
+    masked, metrics = outcome.model, outcome.metrics
     assert masked is not None and "lips-skipped" not in metrics

@@ -9,8 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from lips_flwr import checkpoint as ckpt
-from lips_flwr.checkpoint import (
+from lips_flwr.persistence import checkpoint as ckpt
+from lips_flwr.persistence.checkpoint import (
     Checkpoint,
     checkpoint_to_resume,
     load_checkpoint,
@@ -18,8 +18,10 @@ from lips_flwr.checkpoint import (
     settings_mismatch,
     validate_resume,
 )
-from lips_flwr.inertia import InertiaTracker
-from lips_flwr.sparsifier import TransientSparsifier
+from lips_flwr.core.inertia import InertiaTracker
+from lips_flwr.core.layers import candidate_names
+from lips_flwr.core.lips import LIPSCore
+from lips_flwr.strategies._checkpointing import checkpoint_of, continue_schedule
 
 
 def model(seed: int = 0) -> dict[str, np.ndarray]:
@@ -35,7 +37,7 @@ def model(seed: int = 0) -> dict[str, np.ndarray]:
 def full_checkpoint() -> Checkpoint:
     return Checkpoint(
         round=4, num_rounds=10,
-        settings=TransientSparsifier(num_rounds=10, inertia_t0=2).settings(),
+        settings=LIPSCore(num_rounds=10, inertia_t0=2).settings(),
         model=model(0), layers=["conv2.weight"],
         inertia={"t0": 2, "reference": {"conv2.weight": model(1)["conv2.weight"]}, "previous": None},
         strategy={"0.FedAvgM.momentum_vector": ("list", {"0": np.ones(3), "1": np.float32(2.0)}),
@@ -168,34 +170,39 @@ def test_resume_modes(tmp_path):
 
 
 def test_settings_mismatch_names_each_difference():
-    saved = TransientSparsifier(num_rounds=10, tau0=0.5, layers=("a", "b")).settings()
-    now = TransientSparsifier(num_rounds=10, tau0=0.7, every=3, layers=["a", "b"]).settings()
+    saved = LIPSCore(num_rounds=10, tau0=0.5, layers=("a", "b")).settings()
+    now = LIPSCore(num_rounds=10, tau0=0.7, every=3, layers=["a", "b"]).settings()
     problems = settings_mismatch(saved, now)
     assert problems == ["every: checkpoint 5, now 3", "tau0: checkpoint 0.5, now 0.7"]
 
 
-def test_sparsifier_resume_refuses_other_settings_or_horizon():
-    checkpoint = TransientSparsifier(num_rounds=10).checkpoint(3, model())
+def test_core_resume_refuses_other_settings_or_horizon():
+    checkpoint = checkpoint_of(LIPSCore(num_rounds=10), 3, model())
     with pytest.raises(ValueError, match="tau0: checkpoint 0.5, now 0.6"):
-        TransientSparsifier(num_rounds=10, tau0=0.6).resume_from(checkpoint)
+        continue_schedule(LIPSCore(num_rounds=10, tau0=0.6), checkpoint)
     with pytest.raises(ValueError, match="num_rounds: checkpoint 10, now 12"):
-        TransientSparsifier(num_rounds=12).resume_from(checkpoint)
-    later = TransientSparsifier()  # T not known yet: taken from the checkpoint
-    later.resume_from(checkpoint)
+        continue_schedule(LIPSCore(num_rounds=12), checkpoint)
+    later = LIPSCore()  # T not known yet: taken from the checkpoint
+    continue_schedule(later, checkpoint)
     assert later.num_rounds == 10
 
 
-def test_sparsifier_resume_keeps_the_layer_choice_and_inertia_series():
-    first = TransientSparsifier(num_rounds=10, layers="all", inertia_t0=1)
+def observe(core, server_round, model):
+    """Feed the core's inertia tracker as a round does (on the unmasked aggregate)."""
+    return core.inertia.update(server_round, model, candidate_names(model))
+
+
+def test_core_resume_keeps_the_layer_choice_and_inertia_series():
+    first = LIPSCore(num_rounds=10, layers="all", inertia_t0=1)
     m = model()
     first.layer_names(m)
-    first.observe(1, m)
-    first.observe(2, model(1))
-    checkpoint = first.checkpoint(2, model(1))
-    second = TransientSparsifier(num_rounds=10, layers="all", inertia_t0=1)
-    second.resume_from(checkpoint)
+    observe(first, 1, m)
+    observe(first, 2, model(1))
+    checkpoint = checkpoint_of(first, 2, model(1))
+    second = LIPSCore(num_rounds=10, layers="all", inertia_t0=1)
+    continue_schedule(second, checkpoint)
     assert second.layer_names(m) == first.layer_names(m)
-    assert second.observe(3, model(2)) == first.observe(3, model(2))
+    assert observe(second, 3, model(2)) == observe(first, 3, model(2))
 
 
 def test_inertia_tracker_refuses_another_t0():

@@ -17,8 +17,8 @@ from flower_fakes import task_identity, tiny_model  # noqa: F401
 from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.clients.persist import state_path
 from lips_flwr.clients.state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
-from lips_flwr.layers import batch_norm_names
-from lips_flwr.npz_store import read_groups
+from lips_flwr.core.layers import batch_norm_names
+from lips_flwr.persistence.npz_store import read_groups
 from test_clients import NAMES, FakeApp, UserClient, lips_config, message
 
 pytestmark = pytest.mark.usefixtures("task_identity")

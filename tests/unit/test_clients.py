@@ -12,7 +12,7 @@ from flwr.client import NumPyClient
 
 from flower_fakes import MIDDLE, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, make_fedbn_mod
-from lips_flwr.layers import batch_norm_names
+from lips_flwr.core.layers import batch_norm_names
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 NAMES = list(tiny_model())

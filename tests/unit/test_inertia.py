@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.inertia (spec section 7)."""
+"""Unit tests for lips_flwr.core.inertia."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lips_flwr.inertia import cosine_similarity, layer_similarities, update_norms
+from lips_flwr.core.inertia import cosine_similarity, layer_similarities, update_norms
 
 
 def test_identical_is_one():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lips_flwr.inertia import InertiaTracker
+from lips_flwr.core.inertia import InertiaTracker
 
 
 def model(scale_a: float, b: np.ndarray) -> dict[str, np.ndarray]:

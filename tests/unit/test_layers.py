@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.layers (spec section 5)."""
+"""Unit tests for lips_flwr.core.layers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from core_models import resnet_like, small_net, vgg_net  # noqa: F401 (fixtures)
 
-from lips_flwr.layers import (
+from lips_flwr.core.layers import (
     PRESETS,
     batch_norm_names,
     candidate_names,

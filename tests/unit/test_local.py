@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.local: the client-mode logic (spec section 4)."""
+"""Unit tests for the client-mode logic: lips_flwr.core.client_masking and the protocol's parsing."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import pytest
 
 from core_models import small_net  # noqa: F401 (fixture)
 
-from lips_flwr.layers import candidate_names
-from lips_flwr.local import ClientRoundConfig, client_mask, local_update, parse_round_config
-from lips_flwr.masking import num_zeros
-from lips_flwr.sparsifier import TransientSparsifier
+from lips_flwr.core.layers import candidate_names
+from lips_flwr.core.client_masking import client_mask, local_update
+from lips_flwr.core.masking import num_zeros
+from lips_flwr.core.lips import LIPSCore
+from lips_flwr.protocol import ClientRoundConfig, train_config
+from lips_flwr.protocol import parse_train_config as parse_round_config
 
 MIDDLE = ["conv2.weight", "shortcut.weight"]
 
@@ -67,13 +69,17 @@ def test_parse_client_mode_full():
     assert cfg.masks
 
 
-def test_parse_round_trip_with_sparsifier(small_net):
-    sp = TransientSparsifier(num_rounds=10, mode="client", score="magnitude", seed=2)
-    cfg = parse_round_config(sp.client_config(1, small_net))
+def client_config(core, server_round, model):
+    return train_config(server_round, core.mode, None, **core.client_plan(server_round, model))
+
+
+def test_parse_round_trip_with_core(small_net):
+    sp = LIPSCore(num_rounds=10, mode="client", score="magnitude", seed=2)
+    cfg = parse_round_config(client_config(sp, 1, small_net))
     assert cfg.masks
     assert cfg.server_round == 1 and cfg.tau == 0.5 and cfg.score == "magnitude" and cfg.seed == 2
     assert [list(small_net)[i] for i in cfg.layers] == MIDDLE
-    non_mask = parse_round_config(sp.client_config(2, small_net))
+    non_mask = parse_round_config(client_config(sp, 2, small_net))
     assert not non_mask.masks
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.masking (spec sections 2-3)."""
+"""Unit tests for lips_flwr.core.masking."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from lips_flwr.masking import (
+from lips_flwr.core.masking import (
     kth_smallest, lowest_indices, mask_lowest, model_update, num_zeros, sparsify,
 )
-from lips_flwr.schedule import MaskSchedule
+from lips_flwr.core.schedule import MaskSchedule
 
 FLOATS = [np.float16, np.float32, np.float64]
 

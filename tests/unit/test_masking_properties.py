@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lips_flwr.layers import candidate_names, select_layers
-from lips_flwr.masking import mask_lowest, num_zeros, sparsify
+from lips_flwr.core.layers import candidate_names, select_layers
+from lips_flwr.core.masking import mask_lowest, num_zeros, sparsify
 
 SETTINGS = settings(
     max_examples=60,

@@ -191,7 +191,7 @@ def test_mismatched_replies_are_dropped_with_a_reason(caplog):
                reply(reshaped, 10, node_id=8)]
     with caplog.at_level(logging.WARNING):
         new, metrics = strategy.aggregate_train(2, replies)
-    assert strategy.sparsifier.num_rounds == 3 and metrics["lips-mask-round"] == 0
+    assert strategy.core.num_rounds == 3 and metrics["lips-mask-round"] == 0
     assert "node 7" in caplog.text and "missing arrays ['fc.weight']" in caplog.text
     assert "node 8" in caplog.text and "'conv2.weight' has shape" in caplog.text
     np.testing.assert_allclose(to_numpy(new)["fc.weight"], fedavg_of(good, [10, 30])["fc.weight"],
@@ -213,7 +213,7 @@ def test_start_takes_num_rounds_and_runs_the_schedule(caplog):
     g.send_and_receive.side_effect = answer
     with caplog.at_level(logging.INFO):
         result = strategy.start(grid=g, initial_arrays=to_record(tiny_model()), num_rounds=5)
-    assert strategy.sparsifier.num_rounds == 5
+    assert strategy.core.num_rounds == 5
     masked = [r for r, m in result.train_metrics_clientapp.items() if m["lips-mask-round"]]
     assert masked == [1, 4]
     assert "LIPS settings" in caplog.text

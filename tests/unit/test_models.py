@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.models: shapes, sizes and LIPS layer selection (spec sections 5, 8, 11)."""
+"""Unit tests for lips_flwr.experiments.models: shapes, sizes and LIPS layer selection."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from lips_flwr.layers import select_layers
-from lips_flwr.models import (
+from lips_flwr.core.layers import select_layers
+from lips_flwr.experiments.models import (
     MODEL_NAMES,
     DigitsCNN,
     FashionCNN,

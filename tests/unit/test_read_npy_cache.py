@@ -7,7 +7,7 @@ from io import BytesIO
 import numpy as np
 import pytest
 
-from lips_flwr.validation import _parse_header, read_npy
+from lips_flwr._npy import _parse_header, read_npy
 
 
 def npy(array: np.ndarray, version: tuple[int, int] | None = None) -> bytes:

@@ -38,8 +38,8 @@ from flwr.serverapp.strategy import (
     FedAvgM,
 )
 
-from lips_flwr.checkpoint import load_checkpoint
-from lips_flwr.npz_store import read_groups, write_groups
+from lips_flwr.persistence.checkpoint import load_checkpoint
+from lips_flwr.persistence.npz_store import read_groups, write_groups
 from lips_flwr.strategies import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg
 from flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 
@@ -389,7 +389,7 @@ def test_legacy_run_key_in_fit_and_evaluate_instructions(tmp_path):
     # A strategy resumed from that checkpoint sends the same key.
     strategy = LegacyLIPS(LEGACY_INNER["FedAvgM"](None, None), param_names=NAMES, num_rounds=ROUNDS,
                           checkpoint_path=path, resume=True, **LIPS_KW)
-    assert strategy.sparsifier.run_key == key and len(key) == 32
+    assert strategy._lips_keeper.run_key == key and len(key) == 32
     manager = SimpleClientManager()
     sampled: list = []
     for cid in range(1, 5):
@@ -400,7 +400,7 @@ def test_legacy_run_key_in_fit_and_evaluate_instructions(tmp_path):
     fit = fresh.configure_fit(1, params, manager)
     evaluate = fresh.configure_evaluate(1, params, manager)
     keys = {ins.config["lips-run-key"] for _, ins in fit + evaluate}
-    assert keys == {fresh.sparsifier.run_key} and key not in keys
+    assert keys == {fresh._lips_keeper.run_key} and key not in keys
 
 
 def test_an_unwritable_checkpoint_path_fails_before_any_round(tmp_path, task_identity):
@@ -464,11 +464,11 @@ def test_damaged_checkpoints_are_value_errors_before_any_round(tmp_path, task_id
 
 
 @pytest.mark.parametrize("edit, match", [
-    # Arrays aimed at an attribute the chain never checkpoints (the LIPS sparsifier).
-    (lambda g, m: (g.update({"strategy-0.LIPS.sparsifier": {"a": np.ones(2)}}),
-                   m["strategy"].update({"0.LIPS.sparsifier": "dict"})), "would replace a TransientSparsifier"),
+    # Arrays aimed at an attribute the chain never checkpoints (the LIPS core).
+    (lambda g, m: (g.update({"strategy-0.LIPS.core": {"a": np.ones(2)}}),
+                   m["strategy"].update({"0.LIPS.core": "dict"})), "would replace a LIPSCore"),
     # A "scalar" aimed at an object.
-    (lambda g, m: m["strategy_meta"]["scalars"].update({"0.LIPS.sparsifier": 1}), "would replace a"),
+    (lambda g, m: m["strategy_meta"]["scalars"].update({"0.LIPS.core": 1}), "would replace a"),
     # State for an attribute the chain does not have.
     (lambda g, m: m["strategy_meta"]["scalars"].update({"1.FedAvgM.new_thing": 1}), "does not have"),
 ])

@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.schedule (spec sections 1-2)."""
+"""Unit tests for lips_flwr.core.schedule."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lips_flwr.schedule import DECAYS, MaskSchedule, validate_tau0
+from lips_flwr.core.schedule import DECAYS, MaskSchedule, validate_tau0
 
 
 # --------------------------------------------------------------------------- mask rounds

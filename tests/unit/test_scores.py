@@ -1,11 +1,11 @@
-"""Unit tests for lips_flwr.scores (spec section 3)."""
+"""Unit tests for lips_flwr.core.scores."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lips_flwr.scores import (
+from lips_flwr.core.scores import (
     SCORES,
     compute_score,
     magnitude_score,

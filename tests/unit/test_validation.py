@@ -1,4 +1,4 @@
-"""The flwr-free reply checks shared by both strategy adapters (lips_flwr.validation)."""
+"""The flwr-free reply checks shared by both strategy adapters (lips_flwr.strategies._reply_checks)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from lips_flwr.validation import (
+from lips_flwr._npy import read_npy
+from lips_flwr.core.checks import names_problem, nonfinite_arrays
+from lips_flwr.strategies._reply_checks import (
     MISSING,
     model_shapes,
-    names_problem,
-    nonfinite_arrays,
     num_examples_problem,
-    read_npy,
     reply_problem,
     serialization_problem,
 )
@@ -37,8 +36,10 @@ def npy(array: np.ndarray, version=None) -> bytes:
     return buffer.getvalue()
 
 
-def test_flwr_free():
-    source = open(sys.modules["lips_flwr.validation"].__file__).read()
+@pytest.mark.parametrize("module", ["lips_flwr.strategies._reply_checks", "lips_flwr._npy",
+                                    "lips_flwr.core.checks"])
+def test_flwr_free(module):
+    source = open(sys.modules[module].__file__).read()
     imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in imports for a in n.names] + [n.module or "" for n in imports
                                                           if isinstance(n, ast.ImportFrom)]

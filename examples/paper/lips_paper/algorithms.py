@@ -1,7 +1,7 @@
 """What each ``algorithm`` run-config value means (shared by the ServerApp and ClientApp).
 
-Besides the paper's methods, the controls the reviewers asked for (spec
-section 10): FedBN with dropout or weight decay on the same middle layers,
+Besides the paper's methods, controls that separate "LIPS helps" from "any
+perturbation of the middle layers helps": FedBN with dropout or weight decay on the same middle layers,
 LIPS on all layers, and the freeze ablation (middle layers stop being
 aggregated after ``freeze-round``, the paper's Table 1).
 """

@@ -15,10 +15,10 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
-from lips_flwr.data import DATASET_INFO, client_split, load_dataset
-from lips_flwr.layers import select_layers
-from lips_flwr.models import build_model
-from lips_flwr.training import add_dropout, evaluate_tensors, train_tensors
+from lips_flwr.experiments.data import DATASET_INFO, client_split, load_dataset
+from lips_flwr.core.layers import select_layers
+from lips_flwr.experiments.models import build_model
+from lips_flwr.experiments.training import add_dropout, evaluate_tensors, train_tensors
 from lips_paper.algorithms import algorithm
 
 torch.set_num_threads(1)  # many simulated clients share the CPU cores
@@ -95,7 +95,7 @@ def train(msg: Message, context: Context) -> Message:
     algo = algorithm(str(cfg["algorithm"]))
     rnd = int(msg.content["config"]["server-round"])
     middle = select_layers({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}, "middle")
-    if algo.dropout:  # the reviewers' control: dropout on the layers LIPS would mask
+    if algo.dropout:  # a control: dropout on the layers LIPS would mask
         add_dropout(net, middle, float(cfg["dropout"]))
     loss = train_tensors(
         net, *train_set, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),

@@ -12,12 +12,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDic
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from lips_flwr.checkpoint import resume_option
-from lips_flwr.data import DATASET_INFO
-from lips_flwr.layers import select_layers
-from lips_flwr.models import build_model
-from lips_flwr.records import record_to_numpy
-from lips_flwr.results import write_json_atomic
+from lips_flwr.persistence.checkpoint import resume_option
+from lips_flwr.experiments.data import DATASET_INFO
+from lips_flwr.core.layers import select_layers
+from lips_flwr.experiments.models import build_model
+from lips_flwr._records import record_to_numpy
+from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LIPS
 from lips_paper.algorithms import algorithm
 
@@ -114,7 +114,7 @@ class RecordingLIPS(LIPS):
         return arrays, metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):
-        last = server_round == self.sparsifier.num_rounds
+        last = server_round == self.core.num_rounds
         if server_round % self.eval_every and not last:
             return []
         return super().configure_evaluate(server_round, arrays, config, grid)

@@ -6,9 +6,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from lips_flwr.checkpoint import resume_option
-from lips_flwr.models import DigitsCNN
-from lips_flwr.results import write_json_atomic
+from lips_flwr.persistence.checkpoint import resume_option
+from lips_flwr.experiments.models import DigitsCNN
+from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LIPS
 
 app = ServerApp()
@@ -39,7 +39,7 @@ def main(grid: Grid, context: Context) -> None:
         score=str(cfg["score"]),
         mode=str(cfg["mode"]),
         seed=int(cfg["seed"]),
-        # A restarted server continues the run: see the README's "Restarting the server".
+        # A restarted server continues the run: see docs/restart.md.
         checkpoint_path=str(cfg["checkpoint-path"]) or None,
         resume=resume_option(cfg["resume"]),
     )

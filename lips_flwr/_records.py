@@ -1,0 +1,51 @@
+"""Conversions between Flower records and ``name -> ndarray`` dicts (adapters only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from ._npy import NUMPY_SERIALIZATION, read_npy
+
+
+def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``name -> ndarray`` copy of an ArrayRecord, in its order."""
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def record_views(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """``name -> ndarray`` of an ArrayRecord, in its order, as read-only views.
+
+    No copy, no header parsed twice (:func:`lips_flwr._npy.read_npy`):
+    for arrays that are only read (updates, scores, norms). Use
+    :func:`record_to_numpy` for arrays that will be written or handed on.
+    """
+    return {
+        name: read_npy(array.data) if array.stype == NUMPY_SERIALIZATION else array.numpy()
+        for name, array in record.items()
+    }
+
+
+def numpy_to_record(
+    arrays: Mapping[str, np.ndarray],
+    template: ArrayRecord | None = None,
+    changed: Iterable[str] | None = None,
+    order: Iterable[str] | None = None,
+) -> ArrayRecord:
+    """An ArrayRecord of ``arrays``.
+
+    With a ``template``, the record has the template's names (in ``order``
+    when given, else the template's) and reuses its Arrays except for the
+    names in ``changed`` (saves re-serializing tensors that did not change).
+    """
+    if template is None:
+        return ArrayRecord({n: Array(np.asarray(a, order="C")) for n, a in arrays.items()})
+    changed = set(arrays if changed is None else changed)
+    return ArrayRecord(
+        {
+            name: Array(np.asarray(arrays[name], order="C")) if name in changed else template[name]
+            for name in (template if order is None else order)
+        }
+    )

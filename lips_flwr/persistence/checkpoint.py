@@ -1,0 +1,312 @@
+"""The strategy's state on disk, so that a restarted server continues the same run.
+
+A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
+``allow_pickle=False``: loading one runs no code) holding
+
+* ``round``: the last completed server round ``r``, and ``num_rounds`` (``T``);
+* ``settings``: the LIPS hyperparameters, which a resumed strategy must share;
+* ``model``: the global model broadcast after round ``r``. It is where round
+  ``r + 1`` starts and the "previous global model" its update ``dw`` is taken
+  against, so the resumed schedule masks what the uninterrupted one would;
+* the LIPS core's state: the layers chosen on the first model and the
+  inertia tracker's reference and previous models;
+* ``strategy``: model-shaped state of the wrapped strategies (FedAvgM's
+  momentum and model copy, FedAdam's moments), keyed by position in the
+  chain of wrappers and attribute name;
+* ``python_random``, ``numpy_random``: the state of Python's ``random``
+  module, from which Flower's strategies sample nodes, and of numpy's global
+  RNG, from which Flower's DP wrappers draw their noise;
+* ``history``: the metrics of rounds ``1..r`` (Message API), so that a resumed
+  run's ``Result`` covers the whole run.
+
+The random score needs no RNG state: its scores derive from ``(seed, round,
+layer)``. The file is written through a temporary file and ``os.replace``
+(:mod:`lips_flwr.persistence.npz_store`): a crash leaves the old checkpoint or
+the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from ..protocol import is_run_key
+from .npz_store import read_groups, write_groups
+
+FORMAT = "lips-flwr-checkpoint"
+VERSION = 1
+RESUME_CHOICES = (False, True, "auto")
+
+
+@dataclass
+class Checkpoint:
+    """Everything a LIPS strategy needs to continue after ``round``."""
+
+    round: int
+    num_rounds: int
+    settings: dict[str, Any]
+    model: dict[str, np.ndarray]
+    layers: list[str] | None = None
+    inertia: dict[str, Any] | None = None
+    strategy: dict[str, tuple[str, dict[str, np.ndarray]]] = field(default_factory=dict)
+    python_random: list | None = None
+    history: dict | None = None  # per-round metrics (JSON-able), when the adapter keeps them
+    run_key: str | None = None  # names the clients' persisted state of this run
+    strategy_meta: dict | None = None  # the wrapped strategies' classes, settings, scalar state
+    numpy_random: tuple | None = None  # numpy's global RNG (DP noise): np.random.get_state()
+
+
+def python_random_state() -> list:
+    """Python's ``random`` state as JSON-able lists."""
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def restore_python_random(state: list) -> None:
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def numpy_random_state() -> tuple:
+    """numpy's global RNG state (Flower's DP wrappers draw their noise from it)."""
+    # A tuple for the global RNG (MT19937); the stub also allows a dict.
+    return cast(tuple, np.random.get_state(legacy=True))
+
+
+def restore_numpy_random(state: tuple) -> None:
+    np.random.set_state(state)
+
+
+def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically (the parent folder is created)."""
+    groups: dict[str, Mapping[str, np.ndarray]] = {"model": checkpoint.model}
+    inertia = None
+    if checkpoint.inertia is not None:
+        inertia = {"t0": checkpoint.inertia["t0"]}
+        for part in ("reference", "previous"):
+            tensors = checkpoint.inertia.get(part)
+            inertia[part] = tensors is not None
+            if tensors is not None and _copies_of(tensors, checkpoint.model):
+                inertia[part] = list(tensors)  # stored once, in the model
+            elif tensors is not None:
+                groups[f"inertia-{part}"] = tensors
+    kinds = {}
+    for key, (kind, tensors) in checkpoint.strategy.items():
+        kinds[key] = kind
+        groups[f"strategy-{key}"] = tensors
+    meta = {
+        "format": FORMAT, "version": VERSION, "round": checkpoint.round,
+        "num_rounds": checkpoint.num_rounds, "settings": checkpoint.settings,
+        "layers": checkpoint.layers, "inertia": inertia, "strategy": kinds,
+        "python_random": checkpoint.python_random, "history": checkpoint.history,
+        "run_key": checkpoint.run_key, "strategy_meta": checkpoint.strategy_meta,
+        "numpy_random": None,
+    }
+    if checkpoint.numpy_random is not None:
+        name, keys, pos, has_gauss, cached = checkpoint.numpy_random
+        groups["numpy-random"] = {"keys": np.asarray(keys, dtype=np.uint32)}
+        meta["numpy_random"] = [str(name), int(pos), int(has_gauss), float(cached)]
+    write_groups(path, groups, meta)
+    _remove_stale_temporaries(Path(path))
+
+
+def _copies_of(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``tensors`` equal the model's tensors of the same names, dtype included.
+
+    The inertia tracker's previous model is the broadcast model's weights:
+    storing them once keeps the checkpoint at 2x the model instead of 3x.
+    """
+    return all(
+        name in model and np.asarray(model[name]).dtype == np.asarray(t).dtype
+        and np.array_equal(model[name], t)
+        for name, t in tensors.items()
+    )
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    ValueError
+        The file is not a LIPS checkpoint, is damaged, or has another version.
+    """
+    groups, meta = read_groups(path, "LIPS checkpoint")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{str(path)!r} is not a LIPS checkpoint")
+    if meta.get("version") != VERSION:
+        raise ValueError(
+            f"{str(path)!r} is a version {meta.get('version')} LIPS checkpoint; this "
+            f"lips-flwr reads version {VERSION}"
+        )
+    try:
+        return _checkpoint_from(groups, meta)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+        raise ValueError(f"{str(path)!r} is damaged: {err!r}") from err
+
+
+def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Checkpoint:
+    """Build a Checkpoint, checking every field's type: a damaged file fails here, not mid-run."""
+    model = groups["model"]
+    inertia: dict[str, Any] | None = None
+    if meta["inertia"] is not None:
+        inertia = {"t0": _int(meta["inertia"]["t0"])}
+        for part in ("reference", "previous"):
+            stored = meta["inertia"][part]
+            if isinstance(stored, list):
+                inertia[part] = {name: model[name] for name in stored}
+            else:
+                inertia[part] = groups[f"inertia-{part}"] if stored else None
+    python_random = meta["python_random"]
+    if python_random is not None:
+        version, internal, gauss = python_random
+        if not (isinstance(version, int) and len(internal) == 625
+                and all(isinstance(i, int) for i in internal)
+                and (gauss is None or isinstance(gauss, float))):
+            raise ValueError("malformed Python random state")
+    history = meta.get("history")
+    for rounds in (history or {}).values():
+        for key, metrics in rounds.items():
+            int(key)
+            for value in metrics.values():
+                values = value if isinstance(value, list) else [value]
+                if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                    raise ValueError(f"a metric of round {key} is not a number: {value!r}")
+    run_key = meta.get("run_key")
+    if run_key is not None and not is_run_key(run_key):
+        raise ValueError(f"malformed run key {run_key!r}")
+    strategy_meta = meta.get("strategy_meta")
+    if strategy_meta is not None and not all(
+            isinstance(strategy_meta.get(k, {}), dict) for k in ("settings", "scalars", "objects")):
+        raise ValueError("malformed strategy state")
+    numpy_random = meta.get("numpy_random")
+    if numpy_random is not None:
+        name, pos, has_gauss, cached = numpy_random
+        keys = groups["numpy-random"]["keys"]
+        if name != "MT19937" or keys.shape != (624,) or keys.dtype != np.uint32:
+            raise ValueError("malformed numpy random state")
+        numpy_random = (name, keys, _int(pos), _int(has_gauss), float(cached))
+    layers = meta["layers"]
+    if layers is not None and not all(isinstance(n, str) for n in layers):
+        raise ValueError("malformed layer list")
+    if not isinstance(meta["settings"], dict):
+        raise ValueError("malformed settings")
+    return Checkpoint(
+        round=_int(meta["round"]),
+        num_rounds=_int(meta["num_rounds"]),
+        settings=meta["settings"],
+        model=model,
+        layers=layers,
+        inertia=inertia,
+        strategy={str(key): (str(kind), groups[f"strategy-{key}"])
+                  for key, kind in meta["strategy"].items()},
+        python_random=python_random,
+        history=history,
+        run_key=run_key,
+        strategy_meta=strategy_meta,
+        numpy_random=numpy_random,
+    )
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporary files of writes that a crash interrupted (``.<name>.XXXX``) go with the next save."""
+    for stale in path.parent.glob(f".{path.name}.*"):
+        stale.unlink(missing_ok=True)
+
+
+def settings_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"name: checkpoint X, now Y"`` for each setting that differs."""
+    keys = sorted(set(saved) | set(current))
+    return [
+        f"{key}: checkpoint {saved.get(key)!r}, now {current.get(key)!r}"
+        for key in keys
+        if _jsonable(saved.get(key)) != _jsonable(current.get(key))
+    ]
+
+
+def _jsonable(value: Any) -> Any:
+    # Compare as the file stores it: tuples come back as lists.
+    return json.loads(json.dumps(value))
+
+
+def validate_resume(checkpoint_path: Any, resume: Any) -> tuple[str | None, bool | str]:
+    """Check the ``checkpoint_path`` / ``resume`` constructor arguments."""
+    if checkpoint_path is not None and not isinstance(checkpoint_path, (str, os.PathLike)):
+        raise ValueError(f"`checkpoint_path` must be a path or None, got {checkpoint_path!r}")
+    if checkpoint_path is not None and not str(checkpoint_path):
+        raise ValueError("`checkpoint_path` must not be empty; pass None to save no checkpoint")
+    if not (isinstance(resume, bool) or (isinstance(resume, str) and resume == "auto")):
+        raise ValueError(f"`resume` must be one of {RESUME_CHOICES}, got {resume!r}")
+    if resume and checkpoint_path is None:
+        raise ValueError("`resume` needs `checkpoint_path`: the checkpoint to resume from")
+    return (None if checkpoint_path is None else os.fspath(checkpoint_path)), resume
+
+
+def resume_option(value: bool | str) -> bool | str:
+    """A run-config value (``"no"``, ``"yes"``, ``"auto"`` or a bool) as the strategies' ``resume``."""
+    choices: dict[str, bool | str] = {"no": False, "false": False, "yes": True, "true": True, "auto": "auto"}
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return choices[value.strip().lower()]
+    raise ValueError(f"`resume` must be one of 'no', 'yes', 'auto', got {value!r}")
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Fail before any round trains when the checkpoint cannot be written (``ValueError``)."""
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{Path(path).name}."):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write the LIPS checkpoint {str(path)!r}: {err}") from err
+    if Path(path).is_dir():
+        raise ValueError(f"`checkpoint_path` {str(path)!r} is a folder; name a file in it")
+
+
+def checkpoint_to_resume(checkpoint_path: str | None, resume: bool | str) -> Checkpoint | None:
+    """The checkpoint to continue from: ``None`` to start at round 1.
+
+    ``resume=True`` requires the file; ``"auto"`` resumes when it exists, so one
+    command serves the first start and every restart.
+    """
+    if not resume or checkpoint_path is None:
+        return None
+    if resume == "auto" and not Path(checkpoint_path).exists():
+        return None
+    return load_checkpoint(checkpoint_path)
+
+
+def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
+    """Why the checkpoint's model is not the model the run starts with, or ``None``."""
+    if list(saved) != list(model):
+        missing = [n for n in model if n not in saved][:5]
+        extra = [n for n in saved if n not in model][:5]
+        return f"arrays differ (missing {missing}, extra {extra}, or another order)"
+    shapes = [n for n in model if np.shape(saved[n]) != np.shape(model[n])]
+    return f"shapes differ in {shapes[:5]}" if shapes else None
+
+
+__all__ = [
+    "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "check_writable", "checkpoint_to_resume",
+    "load_checkpoint", "model_mismatch", "numpy_random_state", "python_random_state",
+    "restore_numpy_random", "restore_python_random", "resume_option",
+    "save_checkpoint", "settings_mismatch", "validate_resume",
+]

@@ -1,0 +1,247 @@
+"""The round's sequence, written once for both Flower APIs.
+
+A LIPS strategy is an adapter between Flower and :class:`~lips_flwr.core.lips.LIPSCore`.
+Data flows one way through a round::
+
+    configure:  [checkpoint the previous round] -> remember the global model
+                -> lips-* keys (lips_flwr.protocol) -> wrapped strategy's instructions
+    aggregate:  replies -> checks -> wrapped strategy's aggregate
+                -> core.round(round, aggregate, previous)   (one call)
+                -> zeros into the wrapped strategies' caches -> log -> broadcast
+
+:class:`LIPSAdapter` holds that sequence; :mod:`.message` and :mod:`.legacy`
+subclass it and supply only what differs between the APIs: how a model is
+read as ``name -> ndarray`` and written back (records vs ``Parameters``), how
+replies carry their arrays, and their own loop (``start()`` vs the legacy
+``Server``). The schedule's round of a loop round after a resume
+(:meth:`LIPSAdapter._round`) is solved here, for both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from logging import ERROR, INFO, WARNING
+from typing import Any, TypedDict, TypeVar
+
+import numpy as np
+from flwr.common import log
+
+from ..core.layers import LayerSpec
+from ..core.lips import OPTIONS, LIPSCore, RoundOutcome
+from ..protocol import evaluate_config, train_config
+from ._cache_sync import snapshot_caches, strategy_chain, sync_cached_models
+from ._checkpointing import CheckpointKeeper
+from ._strategy_state import ndarray_state, ndarray_value
+
+CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
+Model = dict[str, np.ndarray]
+Reply = TypeVar("Reply")
+
+
+class LIPSOptions(TypedDict, total=False):
+    """The keyword arguments every LIPS strategy takes, written once.
+
+    The README's Options table is their one description (defaults, ranges,
+    meaning); :class:`~lips_flwr.core.lips.LIPSCore` validates them.
+    """
+
+    num_rounds: int | None
+    tau0: float
+    every: int
+    start_round: int
+    decay: str
+    score: str
+    layers: LayerSpec
+    mode: str
+    seed: int
+    inertia_t0: int | None
+    checkpoint_path: str | os.PathLike[str] | None
+    resume: bool | str
+
+
+def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the LIPS options out of ``kwargs`` (the FedAvg subclasses pass the rest to FedAvg)."""
+    return {k: kwargs.pop(k) for k in (*OPTIONS, *CHECKPOINT_OPTIONS) if k in kwargs}
+
+
+class LIPSAdapter:
+    """The LIPS hooks of both APIs; ``super()`` is the strategy whose aggregate is masked.
+
+    Subclasses implement the conversions (``_views``, ``_aggregate_views``,
+    ``_with_model``, ``_cached_to_numpy``, ``_numpy_to_cached``, ``_to_state``,
+    ``_from_state``) and call :meth:`_begin_round`, :meth:`_checked` and
+    :meth:`_aggregate_round` from their Flower methods.
+    """
+
+    core: LIPSCore
+    _lips_keeper: CheckpointKeeper
+    _lips_previous: Any = None  # the global model of the current round, in the API's type
+    _lips_done = 0  # rounds done before this run (from the checkpoint)
+    _lips_history: dict | None = None  # per-round metrics to checkpoint (Message API's start())
+
+    # ------------------------------------------------------------ construction
+    def _init_lips(self, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - {*OPTIONS, *CHECKPOINT_OPTIONS})
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {unknown}; "
+                            f"the LIPS options are {[*OPTIONS, *CHECKPOINT_OPTIONS]}")
+        self.core = LIPSCore(**{k: v for k, v in options.items() if k in OPTIONS})
+        self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False))
+
+    @property
+    def sparsifier(self) -> LIPSCore:
+        """The name of :attr:`core` before 0.2."""
+        return self.core
+
+    def summary(self) -> None:
+        """Log the LIPS settings in Flower's log-tree style."""
+        items = self.core.describe()
+        log(INFO, "\t├──> %s settings:", "LIPS")
+        for i, (label, value) in enumerate(items):
+            log(INFO, "\t│\t%s── %s: %s", "└" if i == len(items) - 1 else "├", label, value)
+
+    # ------------------------------------------------------------------- rounds
+    def _round(self, loop_round: int) -> int:
+        """The schedule's round of a loop's ``server_round``, which counts from 1 in every run."""
+        shifted = loop_round + self._lips_done
+        if self._lips_done and shifted > self.core.schedule.num_rounds:
+            raise ValueError(
+                f"round {loop_round} of this run is round {shifted} of the schedule, past "
+                f"num_rounds={self.core.schedule.num_rounds}: the checkpoint has "
+                f"{self._lips_done} rounds done, so run the "
+                f"{self.core.schedule.num_rounds - self._lips_done} "
+                "rounds left (legacy API: ServerConfig(num_rounds=strategy.rounds_left))"
+            )
+        return shifted
+
+    def _begin_round(self, server_round: int, model: Any) -> dict:
+        """Checkpoint the previous round, remember ``model`` (for ``dw``); the round's ``lips-*`` keys.
+
+        The checkpoint comes first: it holds the state reached after the
+        previous round, its evaluation included, so that a resumed run draws
+        the same random numbers.
+        """
+        self._lips_keeper.before_round()
+        views = self._views(model)
+        if self._lips_previous is None:
+            self._check_first_model(views)
+        self._save_checkpoint(server_round - 1, model)
+        self._lips_previous = model
+        plan = self.core.client_plan(server_round, views)
+        return train_config(server_round, self.core.mode, self._lips_keeper.run_key, **plan)
+
+    def _check_first_model(self, model: Model) -> None:
+        """Resolve the layers on the first global model: bad names fail before any training."""
+        if not self.core.layer_names(model):  # raises ValueError for unmatched names
+            log(WARNING, "LIPS: layers=%r selects no tensor of this model (%d arrays); "
+                "nothing will be masked", self.core.layers, len(model))
+
+    def _evaluate_keys(self, server_round: int) -> dict:
+        """The ``lips-*`` keys of an evaluate config (the run key and round, when checkpointing)."""
+        return evaluate_config(server_round, self._lips_keeper.run_key)
+
+    def _checked(
+        self, replies: Iterable[Reply], problem: Callable[[Reply], tuple[str, str | None]]
+    ) -> tuple[list[Reply], list[Reply]]:
+        """``(kept, dropped)``: each reply whose ``problem`` is ``(sender, reason)``
+        with a reason is logged and dropped."""
+        kept, dropped = [], []
+        for reply in replies:
+            sender, reason = problem(reply)
+            if reason is None:
+                kept.append(reply)
+            else:
+                log(WARNING, "LIPS: ignoring reply from %s: %s", sender, reason)
+                dropped.append(reply)
+        return kept, dropped
+
+    def _aggregate_round(
+        self, server_round: int, inner_aggregate: Callable[[], tuple[Any, Any]],
+        client_reports: Callable[[], int],
+    ) -> tuple[Any, Any, dict[str, int | float]]:
+        """Inner aggregate -> the core's one call -> caches -> log: ``(model, inner metrics, lips metrics)``.
+
+        ``model`` is the model to broadcast (in the API's type; ``None``, with
+        the inner metrics untouched and no LIPS metrics, when nothing was
+        aggregated); ``client_reports()`` counts the replies that
+        carry ``lips-client-zeros`` (asked only on a client-mode mask round).
+        """
+        before = snapshot_caches(self)
+        aggregate, metrics = inner_aggregate()
+        views = None if aggregate is None else self._aggregate_views(aggregate)
+        previous = None if self._lips_previous is None else self._views(self._lips_previous)
+        outcome = self.core.round(server_round, views, previous)
+        if aggregate is None:  # nothing to mask, nothing to report: the global model stays
+            self._log_round(server_round, outcome, client_reports)
+            return aggregate, metrics, {}
+        if outcome.model is not None:
+            sync_cached_models(self, before, outcome.masks, self._cached_to_numpy, self._numpy_to_cached)
+            assert views is not None  # set whenever there is an aggregate
+            aggregate = self._with_model(aggregate, outcome.model, views)
+        self._log_round(server_round, outcome, client_reports)
+        self._lips_keeper.report(outcome.metrics)
+        return aggregate, metrics, outcome.metrics
+
+    def _log_round(self, server_round: int, outcome: RoundOutcome, client_reports: Callable[[], int]) -> None:
+        """One line per mask round, the same in both APIs (tests and users grep it)."""
+        if outcome.problem is not None and not outcome.metrics:
+            log(WARNING, "LIPS: round %d has no aggregate (no usable reply): nothing masked; "
+                "the global model stays as it was", server_round)
+        elif outcome.problem is not None:
+            inner = type(getattr(self, "strategy", self)).__name__
+            log(ERROR, "LIPS: round %d not masked: %s; the aggregate of %s is returned "
+                "unchanged", server_round, outcome.problem, inner)
+        metrics = outcome.metrics
+        if not metrics.get("lips-mask-round"):
+            return
+        if self.core.mode == "client":
+            log(INFO, "LIPS: round %d asks clients to mask (tau=%.4f)", server_round, metrics["lips-tau"])
+            if client_reports() == 0:
+                log(WARNING, "LIPS: no client reported a mask in round %d: client mode needs "
+                    "lips_mod (Message API) or LIPSNumPyClient (legacy) on the clients", server_round)
+        else:
+            log(INFO, "LIPS: round %d masked %d weights in %d layers (tau=%.4f, %.3fs)",
+                server_round, metrics["lips-zeros"], metrics["lips-layers-masked"],
+                metrics["lips-tau"], metrics["lips-seconds"])
+
+    def _weight_key(self) -> str | None:
+        """The metric the wrapped chain weights replies by (Message FedAvg's ``weighted_by_key``)."""
+        for inner in strategy_chain(self):
+            key = getattr(inner, "weighted_by_key", None)
+            if isinstance(key, str):
+                return key
+        return None
+
+    # -------------------------------------------------------------- checkpoint
+    def _save_checkpoint(self, server_round: int, model: Any) -> None:
+        """Write the checkpoint after ``server_round`` (``model``: the global model then)."""
+        if self._lips_keeper.path is not None:
+            self._lips_keeper.save(self, self.core, server_round, self._views(model),
+                                   self._to_state, self._lips_history)
+
+    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
+        """A wrapped strategy's attribute as checkpoint state: a model-shaped value, else ``None``."""
+        return ndarray_state(value)
+
+    def _from_state(self, kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
+        return ndarray_value(kind, arrays)
+
+    # -------------------------------------------- conversions (per API)
+    def _views(self, model: Any) -> Model:
+        """``name -> ndarray`` read-only views of a global model in the API's type."""
+        raise NotImplementedError
+
+    def _aggregate_views(self, aggregate: Any) -> Model:
+        """Read-only views of the wrapped strategy's aggregate, in the global model's order."""
+        return self._views(aggregate)
+
+    def _with_model(self, aggregate: Any, model: Model, views: Model) -> Any:
+        """The aggregate with the core's ``model`` in it (only its changed tensors re-serialized)."""
+        raise NotImplementedError
+
+    def _cached_to_numpy(self, value: Any) -> Mapping[str, np.ndarray] | None:
+        raise NotImplementedError
+
+    def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+        raise NotImplementedError
