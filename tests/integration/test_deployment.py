@@ -1,4 +1,4 @@
-"""End-to-end: a real deployment on 127.0.0.1, as in the README's "Deploy to real machines".
+"""End-to-end: a real deployment on 127.0.0.1, as in examples/deployment/README.md.
 
 `flower-superlink` (TLS with certificates from examples/deployment/make_certs.sh,
 or `--insecure`), `flower-supernode` processes, each with its own
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from lips_flwr.checkpoint import load_checkpoint
-from lips_flwr.local_run import (
+from lips_flwr.persistence.checkpoint import load_checkpoint
+from lips_flwr.experiments.local_flower import (
     LocalFlower,
     _cmdline,
     _free_port,
@@ -50,9 +50,9 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = REPO_ROOT / "examples" / "quickstart-message"
 MAKE_CERTS = REPO_ROOT / "examples" / "deployment" / "make_certs.sh"
-README = REPO_ROOT / "README.md"
+README = REPO_ROOT / "examples" / "deployment" / "README.md"  # the deployment recipe
 
-TLS = "lips-deploy"  # the README's SuperLink connections
+TLS = "lips-deploy"  # the deployment README's SuperLink connections
 INSECURE = "lips-deploy-insecure"
 TAU0 = 0.5
 TIMEOUT_S = float(os.environ.get("LIPS_IT_DEPLOY_TIMEOUT", "300"))
@@ -91,7 +91,7 @@ class Deployment:
         return proc
 
     def start_superlink(self, *extra: str) -> None:
-        # README: flower-superlink --host 127.0.0.1 --port 9093 --ssl-ca-certfile ... (or --insecure)
+        # deployment README: flower-superlink --host 127.0.0.1 --port 9093 --ssl-ca-certfile ... (or --insecure)
         security = [
             "--ssl-ca-certfile", str(self.certs / "ca.crt"),
             "--ssl-certfile", str(self.certs / "server.pem"),
@@ -113,7 +113,7 @@ class Deployment:
 
     def start_supernode(self, i: int, num_partitions: int, *extra: str,
                         node_config: str = "") -> subprocess.Popen:
-        # README: flower-supernode --superlink ... --root-certificates ... --port ... --node-config ...
+        # deployment README: flower-supernode --superlink ... --root-certificates ... --port ... --node-config ...
         security = ["--root-certificates", str(self.certs / "ca.crt")] if self.tls else ["--insecure"]
         return self.start(f"supernode-{i}", [
             "flower-supernode", "--superlink", f"127.0.0.1:{self.port}", *security,
@@ -142,7 +142,7 @@ class Deployment:
         return self.cli.cli(*args, timeout=timeout)
 
     def run(self, run_config: str) -> str:
-        # README: flwr run examples/quickstart-message lips-deploy --format json --run-config "..."
+        # deployment README: flwr run examples/quickstart-message lips-deploy --format json --run-config "..."
         proc = self.flwr("run", str(APP), self.connection, "--format", "json",
                          "--run-config", run_config)
         try:
@@ -199,7 +199,7 @@ class Deployment:
 
 
 def _config_toml(port: int, certs: Path, default: str) -> str:
-    """The README's SuperLink connections, for a SuperLink on 127.0.0.1:``port``."""
+    """The deployment README's SuperLink connections, for a SuperLink on 127.0.0.1:``port``."""
     return (
         f'[superlink]\ndefault = "{default}"\n\n'
         f'[superlink.{TLS}]\naddress = "127.0.0.1:{port}"\n'
@@ -222,7 +222,7 @@ def make_deployment(tmp_path: Path) -> Iterator:
         if tls:
             if shutil.which("openssl") is None:
                 pytest.skip("openssl is needed to make the TLS certificates")
-            # README: examples/deployment/make_certs.sh --out $D/certs --supernode-keys 3
+            # deployment README: examples/deployment/make_certs.sh --out $D/certs --supernode-keys 3
             subprocess.run(["bash", str(MAKE_CERTS), "--out", str(dep.certs), "--supernode-keys", "3"],
                            check=True, capture_output=True, text=True, timeout=60)
         (root / "cli" / "config.toml").write_text(_config_toml(dep.port, dep.certs, dep.connection))
@@ -252,7 +252,7 @@ def _run_config(rounds: int, every: int, results: Path) -> str:
 
 
 def _resume_config(results: Path, checkpoint: Path) -> str:
-    """The README's restart: 4 rounds, masks on rounds 1 and 3, a checkpoint, resume='auto'."""
+    """The deployment README's restart: 4 rounds, masks on rounds 1 and 3, a checkpoint, resume='auto'."""
     return _run_config(rounds=4, every=2, results=results) + (
         f" checkpoint-path='{checkpoint}' resume='auto'")
 
@@ -364,8 +364,9 @@ def test_supernode_lost_mid_run(make_deployment, tmp_path: Path, how: str):
 def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_path: Path):
     """The ServerApp process is SIGKILLed after round 2 of 4; the same `flwr run` resumes.
 
-    The README's restart: the run config names a checkpoint and resume='auto',
-    and each SuperNode's node config a lips-state-dir. The second run starts
+    The deployment README's restart (docs/restart.md explains it): the run
+    config names a checkpoint and resume='auto', and each SuperNode's node
+    config a lips-state-dir. The second run starts
     at the round after the checkpoint, masks on the same schedule (every=2:
     rounds 1 and 3), its clients continue with their FedBN state from disk,
     and it returns the Result of all 4 rounds (the earlier ones from the
@@ -417,7 +418,7 @@ def test_server_killed_mid_run_resumes_from_its_checkpoint(make_deployment, tmp_
 
 
 def test_insecure_local_try(make_deployment, tmp_path: Path):
-    """The README's first try without certificates: --insecure everywhere, 2 SuperNodes, 1 round."""
+    """The deployment README's first try without certificates: --insecure everywhere, 2 SuperNodes, 1 round."""
     dep = make_deployment(tls=False)
     dep.start_superlink()
     for i in range(2):
@@ -435,7 +436,7 @@ def test_supernode_authentication(make_deployment):
     """--enable-supernode-auth: a registered key connects, an unknown key is turned away."""
     dep = make_deployment()
     dep.start_superlink("--enable-supernode-auth")
-    # README: flwr supernode register $D/certs/supernode-0.pub lips-deploy
+    # deployment README: flwr supernode register $D/certs/supernode-0.pub lips-deploy
     reg = dep.flwr("supernode", "register", str(dep.certs / "supernode-0.pub"), TLS,
                    "--format", "json")
     assert reg.returncode == 0 and '"success": true' in reg.stdout, reg.stdout + reg.stderr
@@ -458,7 +459,7 @@ def test_supernode_authentication(make_deployment):
 
 
 def test_readme_deployment_commands_match_the_tests():
-    """The README's deployment commands use the programs and flags these tests run."""
+    """examples/deployment/README.md's commands use the programs and flags these tests run."""
     text = README.read_text()
     section = text[text.index("## Deploy to real machines"):]
     end = section.find("\n## ", 3)
@@ -474,7 +475,7 @@ def test_readme_deployment_commands_match_the_tests():
             for k, word in enumerate(argv):
                 if word.endswith(program) and argv[k + 1: k + 1 + len(first)] == list(first):
                     found.append({w for w in argv[k:] if w.startswith("--")})
-        assert found, f"no `{program} {' '.join(first)}` in the README's deployment section"
+        assert found, f"no `{program} {' '.join(first)}` in the deployment README's section"
         return found
 
     tls = {"--host", "--port", "--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"}

@@ -1,4 +1,4 @@
-"""End-to-end: the README's "Outgrowing one machine" recipe on a two-node Ray cluster.
+"""End-to-end: the Ray cluster recipe of docs/ray-cluster.md on a two-node Ray cluster.
 
 Both Ray nodes run on this machine, each in a network namespace of its own
 that the test creates (``ip netns add``), joined by a veth pair on a private
@@ -8,10 +8,10 @@ and no other Ray instance on the machine can join the cluster or be joined.
 by the machine's external address, and its GCS and raylets listen on all
 interfaces.) The worker node also gets a mount namespace in which the head's
 Flower home is hidden under an empty tmpfs, as on a real second machine,
-so its clients can only import the app from the ``PYTHONPATH`` the README
+so its clients can only import the app from the ``PYTHONPATH`` the recipe
 exports.
 
-The README's ``ray start`` and ``export`` lines are read from the README and run
+The recipe's ``ray start`` and ``export`` lines are read from docs/ray-cluster.md and run
 as written, with HEAD_IP, NODE_IP, CPUS and GPUS set (``RAY_TMPDIR`` puts Ray's
 files in a temp dir of the test). ``flwr run examples/paper`` then runs a few
 LIPS rounds on a private SuperLink in the head's namespace. Checked:
@@ -43,14 +43,14 @@ from pathlib import Path
 
 import pytest
 
-from lips_flwr.local_run import LocalFlower, find_superlinks, local_flower
+from lips_flwr.experiments.local_flower import LocalFlower, find_superlinks, local_flower
 
 pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 APP = REPO_ROOT / "examples" / "paper"
-README = REPO_ROOT / "README.md"
-SECTION = "## Outgrowing one machine: a Ray cluster"
+README = REPO_ROOT / "docs" / "ray-cluster.md"  # the Ray cluster recipe
+SECTION = "# Outgrowing one machine: a Ray cluster"
 
 # The test's two "machines": addresses that exist only inside its namespaces.
 HEAD_IP, NODE_IP = "10.77.0.1", "10.77.0.2"
@@ -99,9 +99,9 @@ print("PROBE " + json.dumps({"nodes": nodes, "runs": runs, "actors": actors}))
 
 
 def recipe() -> dict[str, str]:
-    """The README section's `ray start --head`, `ray start --address` and `export` lines."""
+    """The recipe's (docs/ray-cluster.md) `ray start --head`, `ray start --address` and `export` lines."""
     text = README.read_text()
-    assert SECTION in text, f"README has no section {SECTION!r}"
+    assert SECTION in text, f"{README} has no section {SECTION!r}"
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     lines = [line.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)
              for line in block.splitlines()]
@@ -109,7 +109,7 @@ def recipe() -> dict[str, str]:
     for key, prefix in (("head", "ray start --head "), ("worker", "ray start --address="),
                         ("export", "export RAY_ADDRESS=")):
         matches = [line for line in lines if line.startswith(prefix)]
-        assert len(matches) == 1, f"README section: expected one `{prefix}...` line, got {matches}"
+        assert len(matches) == 1, f"{README.name} section: expected one `{prefix}...` line, got {matches}"
         found[key] = matches[0]
     return found
 
@@ -297,7 +297,7 @@ def test_paper_app_on_two_node_ray_cluster(machines, tmp_path):
     head_node = next(n for n, ip in nodes.items() if ip == HEAD_IP)
     worker_node = next(n for n, ip in nodes.items() if ip == NODE_IP)
 
-    # 2. `flwr run` on the head, with the README's environment.
+    # 2. `flwr run` on the head, with the recipe's environment.
     base = local_flower(flwr_home, pythonpath=[str(REPO_ROOT)], cwd=REPO_ROOT)
     flower = NetnsFlower(home=base.home, env=base.env, cwd=base.cwd, netns=head.name)
     flower.env.update(RAY_ADDRESS=ray_address,

@@ -36,7 +36,7 @@ MAX_CHANGED = 5
 FEDERATION = "num-supernodes=3 client-resources-num-cpus=1"
 RUN_TIMEOUT_S = float(os.environ.get("LIPS_IT_RUN_TIMEOUT", "240"))
 
-# (file, exact old text, new text): the swaps of README "Swap LIPS into your existing project".
+# (file, exact old text, new text): the swaps of README.md "Swap LIPS into your existing project".
 SWAPS = {
     "plain-message": [
         ("plain_message/server_app.py",
