@@ -1,6 +1,7 @@
-# Two entry points, each does its own set-up on a fresh machine:
+# Entry points, each does its own set-up on a fresh machine:
 #   make main   the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
-#   make test   the test suite (unit + real `flwr run` integration tests)
+#   make test   the test suite (unit + real `flwr run` integration tests), after `make lint`
+#   make lint   ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-pins.txt | 
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup data test test-unit main clean
+.PHONY: setup data lint test test-unit main clean
 
 setup: $(STAMP) data
 
@@ -29,7 +30,11 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-test: setup
+lint: setup
+	$(BIN)/ruff check lips_flwr
+	$(BIN)/mypy lips_flwr
+
+test: setup lint
 	$(BIN)/python -m pytest -q
 
 test-unit: setup
