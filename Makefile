@@ -1,16 +1,27 @@
 # Entry points, each does its own set-up on a fresh machine:
-#   make main   the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
-#   make test   the test suite (unit + real `flwr run` integration tests), after `make lint`
-#   make lint   ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
+#   make main         the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
+#   make test         everything CI runs (.ci/run): lint, the whole suite, the installed
+#                     wheel, the lowest supported versions (~20 min on 2 cores)
+#   make test-fast    unit tests and one quick `flwr run` (~1-2 min): the inner loop
+#   make lint         ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
+#   make test-wheel   build sdist + wheel, install the wheel in a fresh venv, run the
+#                     quickstart apps (both APIs) under `flwr run` against that install
+#   make test-lowest  unit tests at the lowest versions pyproject.toml claims
+#                     (requirements-lowest.txt; torch pinned below)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-pins.txt | cksum | cut -d' ' -f1)
+WHEEL_VENV  ?= .venv-wheel
+LOWEST_VENV ?= .venv-lowest
+TORCH        = torch==2.14.1 torchvision==0.29.1
+TORCH_LOWEST = torch==2.13.0
+QUICK_RUN    = tests/integration/test_flwr_run_examples.py::test_example_app_masks_on_schedule[quickstart-message-server]
 
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup data lint test test-unit main clean
+.PHONY: setup data lint test test-suite test-fast test-unit test-wheel test-lowest dist main clean
 
 setup: $(STAMP) data
 
@@ -25,7 +36,7 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: an unpinned resolve would download another CUDA build
-	$(BIN)/pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -r requirements-pins.txt -e ".[dev,examples]"
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -34,15 +45,48 @@ lint: setup
 	$(BIN)/ruff check lips_flwr
 	$(BIN)/mypy lips_flwr
 
-test: setup lint
+test: lint test-suite test-wheel test-lowest
+
+test-suite: setup
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q "$(QUICK_RUN)"
 
 test-unit: setup
 	$(BIN)/python -m pytest -q tests/unit
+
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
+# The package as a user gets it: no editable install, nothing of the checkout on the path
+# (tests/integration/conftest.py checks where lips_flwr was imported from).
+test-wheel: dist
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/pip install -q $(TORCH)
+	$(WHEEL_VENV)/bin/pip install -q -r requirements-pins.txt "$$(ls dist/lips_flwr-*.whl)[examples]"
+	cd "$$(mktemp -d)" && LIPS_TEST_INSTALLED=1 $(abspath $(WHEEL_VENV))/bin/python -m pytest -q \
+	  -p no:cacheprovider -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
+	  -k server $(CURDIR)/tests/integration/test_flwr_run_examples.py
+
+test-lowest:
+	rm -rf $(LOWEST_VENV)
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/pip install -q $(TORCH_LOWEST)
+	$(LOWEST_VENV)/bin/pip install -q -r requirements-lowest.txt
+	$(LOWEST_VENV)/bin/pip install -q --no-deps .
+	$(LOWEST_VENV)/bin/python -c "import flwr, numpy, torch, sys; print('lowest:', sys.version.split()[0], \
+	  'flwr', flwr.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
+	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 
 main: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/paper/run_grid.py \
 	  examples/paper/conf/fashion-mnist-quick.toml --algorithms fedbn,lips --seeds 0
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist build

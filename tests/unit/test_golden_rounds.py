@@ -171,6 +171,10 @@ CASES = {
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rounds_match_the_recorded_outputs(case, tmp_path):
+    if case.startswith("legacy") and np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        # Flower's legacy FedAvg sums in another precision under numpy 1.x (no NEP 50):
+        # its aggregate differs in the last bits from the one these digests were recorded on.
+        pytest.skip("digests recorded with numpy 2; the legacy aggregate's last bits differ on numpy 1.x")
     got = json.loads(json.dumps(CASES[case](tmp_path / "ckpt.npz")))
     if os.environ.get("LIPS_REGEN_GOLDEN"):
         recorded = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
