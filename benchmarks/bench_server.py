@@ -120,7 +120,7 @@ def measure(api: str, model_name: str, clients: int, reps: int, memory_clients: 
             return strategy.aggregate_fit(rnd, results[:n], [])
 
     # Time the reply checks (dropping replies that do not fit) apart from the rest.
-    check_name = "_drop_mismatched" if api == "message" else "_split_mismatched"
+    check_name = "_checked"
     checks: list[float] = []
     if hasattr(lips, check_name):
         original = getattr(lips, check_name)
@@ -210,7 +210,7 @@ def main() -> None:
 
     print(f"\nAggregation step, {args.clients} replies (median seconds). ratio: median of the paired "
           "LIPS/FedAvg calls; own: LIPS's time inside its call (the call minus its inner FedAvg); "
-          "checks: the reply checks (_drop_mismatched/_split_mismatched) within own")
+          "checks: the per-reply header checks (_checked) within own")
     target = lambda r, x: "yes" if x <= (1.05 if r["round"] == "mask" else 1.01) else "NO"  # noqa: E731
     print(table(
         [[r["api"], f"{r['model']} ({r['params'] / 1e6:.2f}M)", r["round"], f"{r['bare']:.3f}",

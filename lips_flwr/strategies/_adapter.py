@@ -27,6 +27,7 @@ from typing import Any, TypedDict, TypeVar
 import numpy as np
 from flwr.common import log
 
+from ..core.checks import nonfinite_arrays
 from ..core.layers import LayerSpec
 from ..core.lips import OPTIONS, LIPSCore, RoundOutcome
 from ..protocol import evaluate_config, train_config
@@ -152,24 +153,63 @@ class LIPSAdapter:
             if reason is None:
                 kept.append(reply)
             else:
-                log(WARNING, "LIPS: ignoring reply from %s: %s", sender, reason)
+                self._log_drop(sender, reason)
                 dropped.append(reply)
         return kept, dropped
 
+    def _log_drop(self, sender: str, reason: str) -> None:
+        """The one line a dropped reply gets, the same in both APIs (tests and users grep it)."""
+        log(WARNING, "LIPS: ignoring reply from %s: %s", sender, reason)
+
     def _aggregate_round(
-        self, server_round: int, inner_aggregate: Callable[[], tuple[Any, Any]],
+        self,
+        server_round: int,
+        replies: list[Reply],
+        inner: Callable[[list[Reply]], tuple[Any, Any]],
+        culprit: Callable[[list[Reply]], tuple[int, str] | None],
+        drop: Callable[[Reply, str], None],
         client_reports: Callable[[], int],
     ) -> tuple[Any, Any, dict[str, int | float]]:
-        """Inner aggregate -> the core's one call -> caches -> log: ``(model, inner metrics, lips metrics)``.
+        """Inner aggregate -> finite? -> the core's one call -> caches -> log.
 
-        ``model`` is the model to broadcast (in the API's type; ``None``, with
-        the inner metrics untouched and no LIPS metrics, when nothing was
-        aggregated); ``client_reports()`` counts the replies that
-        carry ``lips-client-zeros`` (asked only on a client-mode mask round).
+        ``replies`` passed the header checks; ``inner(replies)`` is the
+        wrapped strategy's aggregation. Returns ``(model, inner metrics, lips
+        metrics)``: ``model`` is the model to broadcast (in the API's type;
+        ``None``, with the inner metrics untouched and no LIPS metrics, when
+        nothing was aggregated).
+
+        The aggregate, not each reply, is checked for NaN/Inf: one pass on a
+        good round. When it is not finite, ``culprit(replies)`` names the
+        reply that made it so (NaN/Inf, or values that overflow); ``drop``
+        logs and removes it, the wrapped chain's state is put back as it was
+        before the aggregation, and the rest are aggregated again. An
+        aggregate that stays non-finite is never broadcast: the round keeps
+        the previous global model. ``client_reports()`` counts the replies
+        carrying ``lips-client-zeros`` (asked only on a client-mode mask round).
         """
         before = snapshot_caches(self)
-        aggregate, metrics = inner_aggregate()
+        state = _chain_state(self)
+        replies = list(replies)
+        if _irreversible(self):
+            # An aggregation with effects LIPS cannot undo (a privacy accountant composes a
+            # release) must not see a bad reply at all: check each reply first, at its cost.
+            while (found := culprit(replies)) is not None and found[1].startswith("NaN or Inf"):
+                drop(replies.pop(found[0]), found[1])
+        aggregate, metrics = inner(replies)
         views = None if aggregate is None else self._aggregate_views(aggregate)
+        while views is not None and nonfinite_arrays(views):
+            _restore_chain_state(state)
+            found = culprit(replies)
+            if found is None:
+                log(ERROR, "LIPS: round %d: the aggregate of %s has NaN or Inf in %s and no reply "
+                    "explains it; it is not broadcast, the global model stays as it was",
+                    server_round, _inner_name(self), nonfinite_arrays(views)[:5])
+                aggregate = views = None
+                break
+            index, reason = found
+            drop(replies.pop(index), reason)
+            aggregate, metrics = inner(replies)
+            views = None if aggregate is None else self._aggregate_views(aggregate)
         previous = None if self._lips_previous is None else self._views(self._lips_previous)
         outcome = self.core.round(server_round, views, previous)
         if aggregate is None:  # nothing to mask, nothing to report: the global model stays
@@ -189,9 +229,8 @@ class LIPSAdapter:
             log(WARNING, "LIPS: round %d has no aggregate (no usable reply): nothing masked; "
                 "the global model stays as it was", server_round)
         elif outcome.problem is not None:
-            inner = type(getattr(self, "strategy", self)).__name__
             log(ERROR, "LIPS: round %d not masked: %s; the aggregate of %s is returned "
-                "unchanged", server_round, outcome.problem, inner)
+                "unchanged", server_round, outcome.problem, _inner_name(self))
         metrics = outcome.metrics
         if not metrics.get("lips-mask-round"):
             return
@@ -245,3 +284,42 @@ class LIPSAdapter:
 
     def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         raise NotImplementedError
+
+
+def _inner_name(owner: Any) -> str:
+    """The class name of the strategy LIPS wraps (``owner`` itself for the FedAvg subclasses)."""
+    return type(getattr(owner, "strategy", owner)).__name__
+
+
+def _irreversible(owner: Any) -> bool:
+    """Whether aggregating has an effect a retry cannot undo: a privacy accountant in the chain."""
+    return any(getattr(inner, "accountant", None) is not None for inner in strategy_chain(owner))
+
+
+def _chain_state(owner: Any) -> list[tuple[Any, dict, dict]]:
+    """Each strategy of the chain with a copy of its attributes, containers one level deep.
+
+    Flower's strategies rebind what they keep between rounds
+    (``self.current_arrays = ...``) or edit a dict or list they hold (a DP
+    wrapper's pending events), so this is enough to undo an aggregation; it
+    copies references, no array data, on a good round.
+    """
+    return [
+        (inner, dict(vars(inner)),
+         {k: _copy(v) for k, v in vars(inner).items() if isinstance(v, (dict, list, set))})
+        for inner in strategy_chain(owner)
+    ]
+
+
+def _copy(container: Any) -> Any:
+    return container.copy()
+
+
+def _restore_chain_state(state: list[tuple[Any, dict, dict]]) -> None:
+    for inner, attributes, containers in state:
+        vars(inner).clear()
+        vars(inner).update(attributes)
+        for name, saved in containers.items():
+            live = attributes[name]
+            live.clear()
+            live.update(saved) if not isinstance(live, list) else live.extend(saved)

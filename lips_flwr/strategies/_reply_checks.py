@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import cast
+
+import numpy as np
 
 from .._npy import NUMPY_SERIALIZATION, npy_shape, read_npy
 from ..core.checks import arrays_mismatch, nonfinite_arrays
@@ -69,6 +72,7 @@ def reply_problem(
     tensors: Mapping[str, bytes],
     num_examples: object = None,
     weight_key: str = "num-examples",
+    finite: bool = True,
 ) -> str | None:
     """Why a client reply must not be aggregated, or ``None`` if it may.
 
@@ -83,9 +87,11 @@ def reply_problem(
         ``None`` skips this check (the inner strategy does not weight).
     weight_key : str (default: "num-examples")
         The count's name, for the reason text.
-
-    Cheap checks come first; the one full pass over the data, the NaN/Inf
-    check, runs last and only on floating-point arrays.
+    finite : bool (default: True)
+        Also check for NaN/Inf: the one full pass over the data, run last and
+        only on floating-point arrays. The strategies pass ``False`` and check
+        the aggregate instead (one pass, not one per reply), looking for the
+        culprit only when it is not finite.
     """
     arrays = {}
     for name, data in tensors.items():
@@ -103,7 +109,98 @@ def reply_problem(
         reason = num_examples_problem(num_examples, weight_key)
         if reason is not None:
             return reason
-    bad = nonfinite_arrays(arrays)
+    bad = nonfinite_arrays(arrays) if finite else []
     if bad:
         return f"NaN or Inf in arrays {bad[:5]}"
     return None
+
+
+def common_dtypes(
+    dtypes: Sequence[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
+) -> dict[str, np.dtype]:
+    """Per array, the dtype most replies send; a tie goes to the global model's dtype, else the widest.
+
+    ``dtypes`` holds each reply's ``name -> dtype``. The replies are then
+    aggregated in these dtypes whatever their order (Flower accumulates into
+    the first reply's dtype).
+    """
+    votes: dict[str, Counter] = {}
+    for found in dtypes:
+        for name, dtype in found.items():
+            votes.setdefault(name, Counter())[dtype] += 1
+    out: dict[str, np.dtype] = {}
+    for name, counter in votes.items():
+        best = max(counter.values())
+        tied = [dtype for dtype, n in counter.items() if n == best]
+        here = previous.get(name)
+        out[name] = here if here is not None and here in tied else max(
+            tied, key=lambda d: (d.kind == "f", d.itemsize))
+    return out
+
+
+def culprit_among(models: Sequence[Mapping[str, np.ndarray]]) -> tuple[int, str] | None:
+    """The first model with NaN/Inf, else one whose values are large enough to overflow a sum.
+
+    A weighted mean of ``n`` finite values overflows only when one is above
+    ``max(dtype) / n`` or so; the largest such model is the culprit. Below
+    that, no model explains a non-finite aggregate: ``None``.
+    """
+    largest, where = 0.0, None
+    for i, model in enumerate(models):
+        bad = nonfinite_arrays(model)
+        if bad:
+            return i, f"NaN or Inf in arrays {bad[:5]}"
+        for data in model.values():
+            if data.dtype.kind == "f" and data.size:
+                peak = float(np.max(np.abs(data)))
+                if peak >= float(np.finfo(data.dtype).max) / (2 * len(models)) and peak > largest:
+                    largest, where = peak, i
+    if where is None:
+        return None
+    return where, f"its values (up to {largest:.3g}) overflow the aggregate"
+
+
+class ModelHeaders:
+    """The global model's ``.npy`` headers, to recognise a well-formed reply array without parsing it.
+
+    ``np.save`` writes the same header for the same dtype, shape and order:
+    a reply array whose bytes start with the global model's header for that
+    name and have its length has the global model's dtype and shape. That is
+    a comparison of ~128 bytes per array, no parse, no pass over the data;
+    only an array that differs is parsed (:func:`reply_problem`).
+    """
+
+    def __init__(self, tensors: Mapping[str, bytes]) -> None:
+        self.shape: dict[str, tuple[int, ...]] = {}
+        self.dtype: dict[str, np.dtype] = {}
+        self._head: dict[str, tuple[bytes, int]] = {}
+        for name, data in tensors.items():
+            array = read_npy(data)
+            self.shape[name], self.dtype[name] = tuple(array.shape), array.dtype
+            self._head[name] = (bytes(data[: len(data) - array.nbytes]), len(data))
+
+    def same(self, name: str, data: object) -> bool:
+        """Whether ``data`` is an ``.npy`` of the global model's dtype and shape for ``name``."""
+        head = self._head.get(name)
+        return (head is not None and isinstance(data, bytes) and len(data) == head[1]
+                and data.startswith(head[0]))
+
+
+def fast_reply_problem(
+    headers: ModelHeaders,
+    tensors: Mapping[str, bytes],
+    num_examples: object = None,
+    weight_key: str = "num-examples",
+) -> tuple[str | None, dict[str, np.dtype]]:
+    """:func:`reply_problem` without NaN/Inf, fast for arrays like the global model's; and their dtypes.
+
+    Returns ``(reason or None, name -> dtype)``. Only a reply with an array
+    whose header differs from the global model's is parsed in full.
+    """
+    if len(tensors) == len(headers.shape) and all(headers.same(n, d) for n, d in tensors.items()):
+        reason = None if num_examples is None else num_examples_problem(num_examples, weight_key)
+        return reason, headers.dtype
+    reason = reply_problem(headers.shape, tensors, num_examples, weight_key, finite=False)
+    if reason is not None:
+        return reason, {}
+    return None, {name: read_npy(data).dtype for name, data in tensors.items()}

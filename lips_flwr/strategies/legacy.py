@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from flwr.common import EvaluateIns, FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import (
+    EvaluateIns,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarray_to_bytes,
+    ndarrays_to_parameters,
+)
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
@@ -23,7 +31,13 @@ from .._npy import read_npy
 from ..core.checks import names_problem
 from ..persistence.checkpoint import Checkpoint
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._reply_checks import model_shapes, reply_problem
+from ._reply_checks import (
+    ModelHeaders,
+    common_dtypes,
+    culprit_among,
+    fast_reply_problem,
+    num_examples_problem,
+)
 from ._wrappers import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
@@ -36,7 +50,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
     """The legacy API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
     param_names: list[str] | None
-    _lips_shapes: dict[str, tuple[int, ...]] | None = None
+    _lips_shapes: dict[str, tuple[int, ...]] | None = None  # of the current global model
     _lips_resumed: Checkpoint | None = None
 
     def _init_legacy(self, param_names: Any, lips: dict[str, Any]) -> None:
@@ -88,7 +102,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
                 f"got {parameters.tensor_type!r}"
             )
         extra = self._begin_round(server_round, parameters)
-        self._lips_shapes = model_shapes(dict(zip(self._names(parameters), parameters.tensors)))
+        self._lips_shapes = {n: a.shape for n, a in self._views(parameters).items()}
         instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
 
@@ -104,19 +118,35 @@ class _LegacyLIPSMixin(LIPSAdapter):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
 
-        Results that fail the checks of the Message API adapter
-        (:func:`._reply_checks.reply_problem`) move to ``failures``.
+        Results are taken in client order; those that fail the checks of the
+        Message API adapter (:func:`._reply_checks.reply_problem`), or make
+        the aggregate non-finite, move to ``failures``; arrays in another
+        dtype than most results' are cast first.
         """
         server_round = self._round(server_round)
         last = server_round == self.core.schedule.num_rounds
         failures = list(failures)
-        results = list(results)
-        if self._lips_shapes is not None:
-            results, dropped = self._checked(results, self._result_problem)
+        results = sorted(results, key=lambda result: _client_order(result[0].cid))
+        if self._lips_previous is not None:
+            headers = ModelHeaders(dict(zip(self._names(self._lips_previous), self._lips_previous.tensors)))
+            dtypes: dict[int, Mapping[str, np.dtype]] = {}
+
+            def problem(result: tuple[ClientProxy, FitRes]) -> tuple[str, str | None]:
+                reason, dtypes[id(result)] = self._result_problem(result, headers)
+                return f"client {result[0].cid}", reason
+
+            results, dropped = self._checked(results, problem)
             failures.extend(dropped)
+            self._cast_results(results, [dtypes[id(r)] for r in results], headers.dtype)
         inner = super().aggregate_fit  # type: ignore[misc]
+
+        def drop(result: tuple[ClientProxy, FitRes], reason: str) -> None:
+            self._log_drop(f"client {result[0].cid}", reason)
+            failures.append(result)
+
         parameters, metrics, lips_metrics = self._aggregate_round(
-            server_round, lambda: inner(server_round, results, failures),
+            server_round, results, lambda kept: inner(server_round, kept, failures),
+            lambda kept: culprit_among([self._views(res.parameters) for _, res in kept]), drop,
             lambda: sum("lips-client-zeros" in (res.metrics or {}) for _, res in results))
         if last:  # no configure_fit follows to save the final model
             model = parameters if parameters is not None else self._lips_previous
@@ -128,14 +158,25 @@ class _LegacyLIPSMixin(LIPSAdapter):
             return parameters, metrics
         return parameters, {**(metrics or {}), **lips_metrics}
 
-    def _result_problem(self, result: tuple[ClientProxy, FitRes]) -> tuple[str, str | None]:
-        proxy, res = result
-        assert self._lips_shapes is not None
-        names, tensors = list(self._lips_shapes), res.parameters.tensors
+    def _result_problem(
+        self, result: tuple[ClientProxy, FitRes], headers: ModelHeaders
+    ) -> tuple[str | None, Mapping[str, np.dtype]]:
+        _, res = result
+        names, tensors = list(headers.shape), res.parameters.tensors
         if len(tensors) != len(names):
-            return f"client {proxy.cid}", f"{len(tensors)} arrays, expected {len(names)}"
-        return f"client {proxy.cid}", reply_problem(
-            self._lips_shapes, dict(zip(names, tensors)), res.num_examples, "num_examples")
+            return f"{len(tensors)} arrays, expected {len(names)}", {}
+        return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
+
+    def _cast_results(
+        self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
+    ) -> None:
+        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.common_dtypes`)."""
+        chosen = common_dtypes(dtypes, previous)
+        for (_, res), found in zip(results, dtypes):
+            for i, (name, dtype) in enumerate(found.items()):
+                if dtype != chosen[name]:
+                    data = read_npy(res.parameters.tensors[i]).astype(chosen[name])
+                    res.parameters.tensors[i] = ndarray_to_bytes(np.ascontiguousarray(data))
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -152,6 +193,12 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def aggregate_evaluate(
         self, server_round: int, results: EvaluateResults, failures: EvaluateFailures
     ) -> tuple[float | None, dict[str, Scalar]]:
+        """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures."""
+        failures = list(failures)
+        results = sorted(results, key=lambda result: _client_order(result[0].cid))
+        results, dropped = self._checked(results, lambda r: (
+            f"client {r[0].cid}", num_examples_problem(r[1].num_examples, "num_examples")))
+        failures.extend(dropped)
         return super().aggregate_evaluate(  # type: ignore[misc]
             self._round(server_round), results, failures)
 
@@ -208,6 +255,11 @@ class _LegacyLIPSMixin(LIPSAdapter):
         if kind == "parameters":
             return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
         return super()._from_state(kind, arrays)
+
+
+def _client_order(cid: str) -> tuple[int, int, str]:
+    """Numeric client ids in numeric order, then the others: sums then do not depend on arrival."""
+    return (0, int(cid), "") if cid.isdigit() else (1, 0, cid)
 
 
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):

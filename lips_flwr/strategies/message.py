@@ -21,7 +21,15 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from .._records import numpy_to_record, record_to_numpy, record_views
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._message_loop import empty_history, history_from_json, run_start
-from ._reply_checks import MISSING, model_shapes, reply_problem, serialization_problem
+from ._message_replies import (
+    by_node,
+    cast_replies,
+    consistent,
+    evaluate_problem,
+    nonfinite_culprit,
+    train_problem,
+)
+from ._reply_checks import ModelHeaders
 from ._wrappers import MessageWrapper
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
@@ -80,20 +88,70 @@ class _LIPSMixin(LIPSAdapter):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate the usable replies with the wrapped strategy, then let LIPS mask on mask rounds."""
-        replies = list(replies)
+        """Aggregate the usable replies with the wrapped strategy, then let LIPS mask on mask rounds.
+
+        Replies are taken in node order (sums then do not depend on arrival
+        order). A reply that does not fit the global model, or whose records
+        differ from most others', is dropped with a logged reason
+        (:mod:`._message_replies`); an array in another dtype than most
+        replies' is cast first. Error replies pass on to the wrapped
+        strategy, which counts them as failures.
+        """
+        replies = by_node(replies)
+        errors = [msg for msg in replies if msg.has_error()]
+        usable = [msg for msg in replies if not msg.has_error()]
         if self._lips_previous is not None:
-            expected = model_shapes({name: a.data for name, a in self._lips_previous.items()})
+            headers = ModelHeaders({name: a.data for name, a in self._lips_previous.items()})
             weight_key = self._weight_key()
-            replies, _ = self._checked(replies, lambda m: self._reply_problem(m, expected, weight_key))
+            dtypes: dict[int, Mapping[str, np.dtype]] = {}
+
+            def problem(msg: Message) -> tuple[str, str | None]:
+                reason, dtypes[id(msg)] = train_problem(msg, headers, weight_key)
+                return _sender(msg), reason
+
+            usable, _ = self._checked(usable, problem)
+            usable = self._consistent(usable, arrays=True)
+            cast_replies(usable, [dtypes[id(msg)] for msg in usable], headers.dtype)
         inner = super().aggregate_train  # type: ignore[misc]
+        # Some strategies consume the replies (FedMedian pops their arrays): a retry
+        # after a non-finite aggregate needs them back.
+        contents = [(record, dict(record)) for msg in usable for record in msg.content.array_records.values()]
+        calls: list[int] = []
+
+        def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+            if calls:  # a retry
+                _restore(contents)
+            calls.append(len(kept))
+            return inner(server_round, by_node(kept + errors))
+
+        def culprit(kept: list[Message]) -> tuple[int, str] | None:
+            _restore(contents)
+            return nonfinite_culprit(kept)
+
         arrays, metrics, lips_metrics = self._aggregate_round(
-            server_round, lambda: inner(server_round, replies), lambda: _client_reports(replies))
+            server_round, usable, aggregate, culprit,
+            lambda msg, reason: self._log_drop(_sender(msg), reason), lambda: _client_reports(usable))
         if arrays is not None:
             metrics = MetricRecord() if metrics is None else metrics
             for key, value in lips_metrics.items():
                 metrics[key] = value
         return arrays, metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The wrapped strategy's evaluate aggregate of the usable replies (weights and keys checked)."""
+        replies = by_node(replies)
+        errors = [msg for msg in replies if msg.has_error()]
+        usable = [msg for msg in replies if not msg.has_error()]
+        weight_key = self._weight_key()
+        usable, _ = self._checked(usable, lambda m: (_sender(m), evaluate_problem(m, weight_key)))
+        usable = self._consistent(usable, arrays=False)
+        return super().aggregate_evaluate(server_round, by_node(usable + errors))  # type: ignore[misc]
+
+    def _consistent(self, replies: list[Message], arrays: bool) -> list[Message]:
+        kept, reasons = consistent(replies, arrays)
+        for index, reason in reasons.items():
+            self._log_drop(_sender(replies[index]), reason)
+        return kept
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -103,33 +161,6 @@ class _LIPSMixin(LIPSAdapter):
         if extra:
             config = ConfigRecord({**dict(config), **extra})
         return super().configure_evaluate(server_round, arrays, config, grid)  # type: ignore[misc]
-
-    def _reply_problem(self, msg: Message, expected: dict, weight_key: str | None) -> tuple[str, str | None]:
-        """``(sender, why the reply must not be aggregated)``; see :func:`._reply_checks.reply_problem`.
-
-        Names, count and shapes must match the global model; arrays must be
-        numpy-serialized real numbers without NaN/Inf; when the wrapped
-        strategy weights by a metric (``weighted_by_key``), the reply needs one
-        MetricRecord with a positive, finite value for it. Error replies pass
-        on: the wrapped strategy counts them as failures.
-        """
-        sender = f"node {msg.metadata.src_node_id}"
-        if msg.has_error():
-            return sender, None
-        records = list(msg.content.array_records.values())
-        if len(records) != 1:
-            return sender, f"expected one ArrayRecord, got {len(records)}"
-        reason = serialization_problem({n: a.stype for n, a in records[0].items()})
-        if reason is not None:
-            return sender, reason
-        num_examples = None
-        if weight_key is not None:  # FedAvg and its family need one MetricRecord with the key
-            metrics = list(msg.content.metric_records.values())
-            if len(metrics) != 1:
-                return sender, f"expected one MetricRecord, got {len(metrics)}"
-            num_examples = metrics[0].get(weight_key, MISSING)
-        tensors = {n: a.data for n, a in records[0].items()}
-        return sender, reply_problem(expected, tensors, num_examples, weight_key or "num-examples")
 
     # ----------------------------------------------------------- conversions
     def _views(self, model: ArrayRecord) -> dict[str, np.ndarray]:
@@ -167,6 +198,16 @@ class _LIPSMixin(LIPSAdapter):
 
     def _from_state(self, kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
         return numpy_to_record(arrays) if kind == "arrayrecord" else super()._from_state(kind, arrays)
+
+
+def _restore(contents: list[tuple[ArrayRecord, dict]]) -> None:
+    for record, arrays in contents:
+        record.clear()
+        record.update(arrays)
+
+
+def _sender(msg: Message) -> str:
+    return f"node {msg.metadata.src_node_id}"
 
 
 def _client_reports(replies: list[Message]) -> int:

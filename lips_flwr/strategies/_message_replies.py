@@ -1,0 +1,165 @@
+"""Which Message API replies the wrapped strategy may aggregate, read from their headers.
+
+Flower's Message strategies stop the whole run (``InconsistentMessageReplies``
+or a ``TypeError``) when one reply differs from the others in its record
+names, its metric keys or a metric's type. LIPS keeps the replies that agree
+with most of the others and drops the rest with a logged reason, for train
+and evaluate replies alike. Everything here reads record names, metric
+values and ``.npy`` headers only: on a good round it costs no pass over the
+arrays (the NaN/Inf check runs on the aggregate, in :mod:`._adapter`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from flwr.app import Array, Message
+
+from .._npy import read_npy
+from ._reply_checks import (
+    MISSING,
+    ModelHeaders,
+    common_dtypes,
+    culprit_among,
+    fast_reply_problem,
+    num_examples_problem,
+    serialization_problem,
+)
+
+
+def by_node(replies: Iterable[Message]) -> list[Message]:
+    """Replies in node-id order: floating-point sums then do not depend on arrival order."""
+    return sorted(replies, key=lambda msg: msg.metadata.src_node_id)
+
+
+def train_problem(
+    msg: Message, headers: ModelHeaders, weight_key: str | None
+) -> tuple[str | None, dict[str, np.dtype]]:
+    """Why a train reply cannot be aggregated into the global model, or ``None``; and its dtypes.
+
+    One numpy-serialized ArrayRecord whose names and shapes match the global
+    model and whose arrays are real numbers; when the wrapped strategy weights
+    by a metric, one MetricRecord with a positive, finite scalar for it.
+    Headers only (:func:`._reply_checks.fast_reply_problem`).
+    """
+    records = list(msg.content.array_records.values())
+    if len(records) != 1:
+        return f"expected one ArrayRecord, got {len(records)}", {}
+    reason = serialization_problem({n: a.stype for n, a in records[0].items()})
+    if reason is not None:
+        return reason, {}
+    num_examples: object = None
+    if weight_key is not None:
+        reason, num_examples = _weight(msg, weight_key)
+        if reason is not None:
+            return reason, {}
+    tensors = {n: a.data for n, a in records[0].items()}
+    return fast_reply_problem(headers, tensors, num_examples, weight_key or "num-examples")
+
+
+def evaluate_problem(msg: Message, weight_key: str | None) -> str | None:
+    """Why an evaluate reply cannot be aggregated, or ``None``: its weight, as for train replies."""
+    return None if weight_key is None else _weight(msg, weight_key)[0]
+
+
+def _weight(msg: Message, weight_key: str) -> tuple[str | None, object]:
+    metrics = list(msg.content.metric_records.values())
+    if len(metrics) != 1:
+        return f"expected one MetricRecord, got {len(metrics)}", None
+    value = metrics[0].get(weight_key, MISSING)
+    return num_examples_problem(value, weight_key), value
+
+
+def _signature(msg: Message, arrays: bool) -> tuple:
+    """What replies must share to be aggregated together: record names, array names, metric kinds."""
+    content = msg.content
+    array_part: tuple = ()
+    if arrays:
+        array_part = tuple((name, tuple(record.keys())) for name, record in content.array_records.items())
+    metric_part = tuple(
+        (name, tuple(sorted((key, _kind(value)) for key, value in record.items())))
+        for name, record in content.metric_records.items()
+    )
+    return array_part, metric_part
+
+
+def _kind(value: object) -> object:
+    return ("list", len(value)) if isinstance(value, list) else "scalar"
+
+
+def consistent(replies: list[Message], arrays: bool) -> tuple[list[Message], dict[int, str]]:
+    """The replies that share the most common signature, and why each other one differs.
+
+    Ties go to the signature of the reply of the lowest node id (replies come
+    sorted by node). Returns ``(kept, {index in replies: reason})``.
+    """
+    if len(replies) < 2:
+        return replies, {}
+    signatures = [_signature(msg, arrays) for msg in replies]
+    counts = Counter(signatures)
+    best = max(counts.values())
+    chosen = next(sig for sig in signatures if counts[sig] == best)
+    kept, reasons = [], {}
+    for i, (msg, sig) in enumerate(zip(replies, signatures)):
+        if sig == chosen:
+            kept.append(msg)
+        else:
+            reasons[i] = "records or metric keys differ from the other replies' " + _difference(sig, chosen)
+    return kept, reasons
+
+
+def _difference(sig: tuple, chosen: tuple) -> str:
+    (arrays, metrics), (want_arrays, want_metrics) = sig, chosen
+    if arrays != want_arrays:
+        return f"(ArrayRecords {[n for n, _ in arrays]} with other names than {[n for n, _ in want_arrays]})"
+    got = {name: dict(keys) for name, keys in metrics}
+    want = {name: dict(keys) for name, keys in want_metrics}
+    if set(got) != set(want):
+        return f"(MetricRecords {sorted(got)}, expected {sorted(want)})"
+    for name in want:
+        extra = sorted(set(got[name]) - set(want[name]))
+        missing = sorted(set(want[name]) - set(got[name]))
+        other = sorted(k for k in set(got[name]) & set(want[name]) if got[name][k] != want[name][k])
+        if extra or missing or other:
+            return f"(metric keys: extra {extra}, missing {missing}, other type {other})"
+    return ""
+
+
+def reply_views(msg: Message) -> dict[str, np.ndarray]:
+    """Read-only views of a train reply's arrays (headers parsed once, no copy)."""
+    return {n: read_npy(a.data) for n, a in next(iter(msg.content.array_records.values())).items()}
+
+
+def cast_replies(
+    replies: list[Message], dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
+) -> list[str]:
+    """Re-serialize, in place, every array in another dtype than most replies'; ``node: name`` of each.
+
+    ``dtypes`` holds each reply's dtypes (from :func:`train_problem`).
+    Flower's aggregation accumulates into the first reply's dtype: a float16
+    or integer reply listed first would otherwise narrow the whole aggregate
+    (see :func:`._reply_checks.common_dtypes`). On a good round nothing is cast.
+    """
+    chosen = common_dtypes(dtypes, previous)
+    cast = []
+    for msg, found in zip(replies, dtypes):
+        odd = [name for name, dtype in found.items() if dtype != chosen[name]]
+        if not odd:
+            continue
+        record = next(iter(msg.content.array_records.values()))
+        for name in odd:
+            data = read_npy(record[name].data)
+            record[name] = Array(np.ascontiguousarray(data.astype(chosen[name])))
+            cast.append(f"node {msg.metadata.src_node_id}: {name} {data.dtype}->{chosen[name]}")
+    return cast
+
+
+def nonfinite_culprit(replies: list[Message]) -> tuple[int, str] | None:
+    """The reply that made an aggregate non-finite, as ``(index, reason)``, or ``None``.
+
+    Only called when the aggregate is not finite (this reads every array):
+    see :func:`culprit_among`.
+    """
+    return culprit_among([reply_views(msg) for msg in replies])
