@@ -109,16 +109,28 @@ class LIPSCore:
         if isinstance(seed, bool) or not isinstance(seed, (int, numbers.Integral)) or seed < 0:
             raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}")
         self.seed = int(seed)
+        if inertia_t0 is not None and (
+                isinstance(inertia_t0, bool) or not isinstance(inertia_t0, int) or inertia_t0 < 1):
+            raise ValueError(f"`inertia_t0` must be None or an integer >= 1, got {inertia_t0!r}")
+        self.inertia = None if inertia_t0 is None else InertiaTracker(inertia_t0)
         self._schedule: MaskSchedule | None = None
         if num_rounds is not None:
             self.set_num_rounds(num_rounds)
         self._layer_cache: tuple[tuple, list[str]] | None = None
-        self.inertia = None if inertia_t0 is None else InertiaTracker(inertia_t0)
 
     # ----------------------------------------------------------------- schedule
     def set_num_rounds(self, num_rounds: int) -> None:
         """Fix ``T``, the schedule's horizon."""
         self._schedule = MaskSchedule(num_rounds, self.tau0, self.every, self.start_round, self.decay)
+        self._check_inertia_t0()
+
+    def _check_inertia_t0(self) -> None:
+        # A reference round after the last round would never be recorded: every
+        # inertia-cos-t0 metric would silently be missing.
+        schedule = self._schedule
+        if self.inertia is not None and schedule is not None and self.inertia.t0 > schedule.num_rounds:
+            raise ValueError(f"`inertia_t0` must be <= num_rounds={schedule.num_rounds}, "
+                             f"got {self.inertia.t0}")
 
     @property
     def num_rounds(self) -> int | None:

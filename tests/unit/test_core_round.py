@@ -382,3 +382,18 @@ def test_inertia_sees_the_unmasked_aggregate(small_net):
 def test_no_inertia_metrics_without_inertia_t0(small_net):
     outcome = LIPSCore(num_rounds=10).round(1, perturbed(small_net), small_net)
     assert not any(k.startswith(("inertia-", "lips-mask-change/")) for k in outcome.metrics)
+
+
+@pytest.mark.parametrize("t0", [0, -1, 1.5, True, "2"])
+def test_inertia_t0_errors_name_the_argument(t0):
+    with pytest.raises(ValueError, match="`inertia_t0` must be None or an integer >= 1"):
+        LIPSCore(num_rounds=10, inertia_t0=t0)
+
+
+def test_inertia_t0_beyond_num_rounds_is_refused():
+    with pytest.raises(ValueError, match="`inertia_t0` must be <= num_rounds=5, got 6"):
+        LIPSCore(num_rounds=5, inertia_t0=6)
+    later = LIPSCore(inertia_t0=6)  # T comes with start(): checked then
+    with pytest.raises(ValueError, match="`inertia_t0` must be <= num_rounds=5"):
+        later.set_num_rounds(5)
+    LIPSCore(num_rounds=6, inertia_t0=6)  # the last round is a valid reference
