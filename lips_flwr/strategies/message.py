@@ -27,6 +27,7 @@ from ._message_replies import (
     consistent,
     evaluate_problem,
     nonfinite_culprit,
+    records,
     train_problem,
 )
 from ._reply_checks import ModelHeaders
@@ -115,7 +116,7 @@ class _LIPSMixin(LIPSAdapter):
         inner = super().aggregate_train  # type: ignore[misc]
         # Some strategies consume the replies (FedMedian pops their arrays): a retry
         # after a non-finite aggregate needs them back.
-        contents = [(record, dict(record)) for msg in usable for record in msg.content.array_records.values()]
+        contents = [(record, dict(record)) for msg in usable for _, record in records(msg, ArrayRecord)]
         calls: list[int] = []
 
         def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -213,7 +214,7 @@ def _sender(msg: Message) -> str:
 def _client_reports(replies: list[Message]) -> int:
     """How many replies carry ``lips-client-zeros`` (client mode: clients that masked)."""
     return sum(
-        any("lips-client-zeros" in m for m in msg.content.metric_records.values())
+        any("lips-client-zeros" in m for _, m in records(msg, MetricRecord))
         for msg in replies if not msg.has_error()
     )
 
