@@ -8,8 +8,11 @@ their names, order, dtype and shape (0-d too); the file is read with
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
@@ -26,10 +29,13 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
 
     The data is flushed to disk before ``os.replace``, so after a crash (even
     of the machine) ``path`` holds either the old file or the new one, whole.
+    The temporary file is ``.<name>.<pid>.<random>``: the writer's process id
+    tells a file that a crash left behind from one being written
+    (:func:`remove_stale_temporaries`).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -39,6 +45,49 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def temporary_prefix(path: str | os.PathLike) -> str:
+    """``.<name>.<pid>.``: how this process names its temporary files beside ``path``."""
+    return f".{Path(path).name}.{os.getpid()}."
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (other than this process)."""
+    if pid <= 0 or pid == os.getpid():
+        return False  # this process writes one file at a time: its leftovers are stale
+    if sys.platform == "win32":
+        return True  # os.kill would terminate it: keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
+    """Remove the temporary files beside ``path`` that no running writer will finish.
+
+    ``.<name>.<pid>.<random>`` goes when process ``pid`` is gone (or is this
+    one: after a restart it may have the dead writer's pid, and it writes one
+    file at a time); a file of a live process is another writer's, mid-write,
+    and stays. ``.<name>.<random>`` (no pid: written before pids were in the
+    names) goes.
+    """
+    target = Path(path)
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):
+        rest = stale.name[len(target.name) + 2:]
+        match = _TEMPORARY.fullmatch(rest)
+        if match is not None and _alive(int(match.group(1))):
+            continue
+        if match is None and "." in rest:
+            continue  # another file's temporary (``.<name>.history.jsonl.<pid>.<random>``)
+        stale.unlink(missing_ok=True)
+
+
+_TEMPORARY = re.compile(r"(\d+)\.[A-Za-z0-9_]+")
 
 
 def write_groups(
@@ -69,7 +118,7 @@ def _load(path: str | os.PathLike, what: str, arrays: bool) -> tuple[dict[str, n
         if not isinstance(meta, dict) or not isinstance(meta["groups"], dict):
             raise ValueError("malformed metadata")
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError,
-            UnicodeDecodeError) as err:
+            UnicodeDecodeError, RecursionError) as err:  # RecursionError: JSON nested too deep
         raise ValueError(f"{str(path)!r} is not a readable {what}: {err!r}") from err
     return files, meta
 
@@ -95,4 +144,7 @@ def read_groups(path: str | os.PathLike, what: str) -> tuple[dict[str, dict[str,
     return groups, meta
 
 
-__all__ = ["read_groups", "read_meta", "write_atomic", "write_groups"]
+__all__ = [
+    "read_groups", "read_meta", "remove_stale_temporaries", "temporary_prefix", "write_atomic",
+    "write_groups",
+]

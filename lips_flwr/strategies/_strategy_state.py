@@ -13,7 +13,10 @@ accountant). What is saved, per strategy of the chain:
 * objects with ``state_dict()``/``load_state_dict()`` whose state is JSON.
 
 The chain's classes must be the same on resume (``ValueError`` otherwise);
-its scalar settings may differ, with a warning naming each difference.
+its scalar settings may differ, with a warning naming each difference. What
+is put back is checked first (:func:`restore_state`): model-shaped state
+against the checkpoint's model, values against the kind of the attribute
+they replace; each restored value is named in a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -127,11 +130,57 @@ def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple
     return arrays, meta
 
 
+def shape_problem(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
+    """Why model-shaped state ``tensors`` does not fit ``model``, or ``None``.
+
+    Its arrays are the model's, in order, keyed by the model's names or by
+    position (``"0"``, ``"1"``, ...: a list, legacy ``Parameters`` without
+    ``param_names``), each of the model's shape (any dtype).
+    """
+    names, model_names = list(tensors), list(model)
+    if names != model_names and names != [str(i) for i in range(len(model_names))]:
+        return (f"{len(names)} arrays named {names[:3]}..., the model has {len(model_names)} "
+                f"named {model_names[:3]}...")
+    differ = [m for n, m in zip(names, model_names) if np.shape(tensors[n]) != np.shape(model[m])]
+    if differ:
+        name = differ[0]
+        shape = np.shape(tensors[names[model_names.index(name)]])
+        return f"shapes differ in {differ[:5]} ({name}: {shape}, the model's {np.shape(model[name])})"
+    return None
+
+
+def unshaped_state(arrays: Mapping[str, tuple[str, Mapping]], model: Mapping[str, np.ndarray]) -> list[str]:
+    """The keys of captured array state that are not shaped like ``model`` (saved as such)."""
+    return [key for key, (_, tensors) in arrays.items() if shape_problem(tensors, model) is not None]
+
+
+def _kind(value: Any) -> str | None:
+    """The kind of a scalar: ``"none"``, ``"bool"``, ``"number"`` (finite), ``"str"``; else ``None``."""
+    scalar = _scalar(value)
+    if scalar is _NOT_SCALAR:
+        return None
+    if scalar is None:
+        return "none"
+    if isinstance(scalar, bool):
+        return "bool"
+    return "str" if isinstance(scalar, str) else "number"
+
+
 def restore_state(
     owner: Any, arrays: Mapping[str, tuple[str, Mapping]], meta: Mapping | None,
-    to_state: ToState, from_state: FromState,
+    to_state: ToState, from_state: FromState, model: Mapping[str, np.ndarray] | None = None,
+    unshaped: Iterable[str] = (),
 ) -> None:
-    """Put captured state back into a chain of the same classes; ``ValueError`` otherwise."""
+    """Put captured state back into a chain of the same classes; ``ValueError`` otherwise.
+
+    Everything is checked before anything is set: each array state goes to an
+    attribute of the chain that holds no other object and, unless saved as
+    ``unshaped``, has the names and shapes of ``model`` (the checkpoint's);
+    each value goes to an attribute holding a value of its kind (a number for
+    a number, a string for a string, a bool for a bool; any over ``None``).
+    Each restored value is named in a warning: it replaces what the strategy
+    was built with.
+    """
     meta = meta or {}
     here = _attributes(owner)
     saved_chain, chain = meta.get("chain"), chain_classes(owner)
@@ -151,6 +200,8 @@ def restore_state(
                              f"{chain} does not have: resume with the same strategies")
         return here[key]
 
+    unshaped = set(unshaped)
+    updates: list[tuple[Any, str, Any]] = []
     for key, (kind, tensors) in arrays.items():
         inner, attribute = target(key, "array state")
         current = getattr(inner, attribute)
@@ -158,15 +209,33 @@ def restore_state(
         if current is not None and not empty and to_state(current) is None:  # not other objects
             raise ValueError(f"the checkpoint's array state {key!r} would replace a "
                              f"{type(current).__name__}: not written by this strategy chain")
-        setattr(inner, attribute, from_state(kind, tensors))
+        problem = None if model is None or key in unshaped else shape_problem(tensors, model)
+        if problem is not None:
+            raise ValueError(f"the checkpoint's array state {key!r} does not fit its model: {problem}")
+        updates.append((inner, attribute, from_state(kind, tensors)))
+    restored = []
     for key, value in meta.get("scalars", {}).items():
         inner, attribute = target(key, "the value")
-        if _scalar(getattr(inner, attribute)) is _NOT_SCALAR:
-            raise ValueError(f"the checkpoint's value for {key!r} would replace a "
-                             f"{type(getattr(inner, attribute)).__name__}")
+        live = getattr(inner, attribute)
+        live_kind, saved_kind = _kind(live), _kind(value)
+        if live_kind is None:
+            raise ValueError(f"the checkpoint's value for {key!r} would replace a {type(live).__name__}")
+        if saved_kind is None:
+            raise ValueError(f"the checkpoint's value for {key!r} is not a number, string or bool: "
+                             f"{value!r}")
+        if saved_kind != live_kind and live_kind != "none":
+            raise ValueError(f"the checkpoint's value for {key!r} is a {type(value).__name__} "
+                             f"({value!r}), the strategy's a {type(live).__name__} ({live!r}): "
+                             "not written by this strategy chain")
+        updates.append((inner, attribute, value))
+        restored.append(f"{key} = {value!r} (built with {live!r})")
+    objects = [(target(key, "the state of"), key, state) for key, state in meta.get("objects", {}).items()]
+    for inner, attribute, value in updates:
         setattr(inner, attribute, value)
-    for key, state in meta.get("objects", {}).items():
-        inner, attribute = target(key, "the state of")
+    if restored:
+        log(WARNING, "LIPS: restoring values of the wrapped strategies from the checkpoint: %s",
+            "; ".join(restored))
+    for (inner, attribute), key, state in objects:
         try:
             getattr(inner, attribute).load_state_dict(state)
         except Exception as err:  # the object's own validation: any error means "cannot resume"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from flwr.app import Context
 from flwr.common import Metrics, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -52,6 +53,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     num_rounds = int(cfg["num-server-rounds"])
     local_epochs = int(cfg["local-epochs"])
 
+    # Seeded: a restarted server builds the same initial model, which a resume checks.
+    torch.manual_seed(int(cfg["seed"]))
     net = DigitsCNN()
     ndarrays = [v.cpu().numpy() for v in net.state_dict().values()]
     fedavg = FedAvg(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -23,6 +24,8 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     num_rounds = int(cfg["num-server-rounds"])
 
+    # Seeded: a restarted server builds the same initial model, which a resume checks.
+    torch.manual_seed(int(cfg["seed"]))
     net = DigitsCNN()
     fedavg = FedAvg(
         fraction_train=1.0,
