@@ -122,10 +122,15 @@ def parse_train_config(config: Mapping) -> ClientRoundConfig | None:
         )
     except (TypeError, ValueError) as err:
         raise ValueError(f"malformed lips-* keys in the train config: {err}") from err
-    if parsed.mode not in MODES or parsed.score not in SCORES or not 0.0 <= parsed.tau <= 1.0:
+    if parsed.mode not in MODES or parsed.score not in SCORES:
         raise ValueError(
             f"malformed lips-* keys in the train config: mode={parsed.mode!r}, "
             f"score={parsed.score!r}, tau={parsed.tau!r}"
+        )
+    if not 0.0 <= parsed.tau < 1.0:  # what a LIPS server sends: tau0 < 1, decaying (NaN fails too)
+        raise ValueError(
+            f"malformed lips-* keys in the train config: {KEY_TAU} must be in [0, 1), "
+            f"got {parsed.tau!r}"
         )
     return parsed
 

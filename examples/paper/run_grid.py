@@ -4,8 +4,15 @@
         --algorithms fedbn,lips --seeds 0
 
 Each conf file is a run config (plus a ``[federation]`` table for
-``--federation-config``). Every run writes ``<out>/<conf>/<algorithm>-seed<k>.json``;
-the table gives the client-mean test accuracy, mean +- std over seeds, of the
+``--federation-config``). Every run writes ``<algorithm>-seed<k>.json`` into a
+fresh staging folder beside ``<out>/<conf>``; only when every run of the grid
+has finished, and each results file shows that clients trained, do the files
+replace ``<out>/<conf>``'s results (older ``*-seed<k>.json`` there are
+removed): a grid stopped or failed half-way leaves the previous results whole,
+never a mix of old and new. A run whose clients all failed (e.g. no dataset)
+stops the grid with a non-zero exit and the clients' first error.
+
+The table gives the client-mean test accuracy, mean +- std over seeds, of the
 last and the best round, after aggregation (the model clients receive) and
 before (the model right after local training), and each algorithm's paired
 difference to FedBN on the same seeds.
@@ -15,8 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -26,10 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy  # noqa: E402
 
-from lips_flwr.experiments.local_flower import local_flower  # noqa: E402
+from lips_flwr.experiments.local_flower import first_error, local_flower  # noqa: E402
 
 APP = Path(__file__).resolve().parent
 ROOT = APP.parents[1]
+RESULTS_NAME = re.compile(r".+-seed\d+\.json")  # what a grid writes into <out>/<conf>
 
 
 def run_config_string(values: dict) -> str:
@@ -49,18 +61,77 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def run_one(flower, conf: dict, federation: str, algorithm: str, seed: int, results: Path, timeout: float):
+def results_problem(path: Path, num_rounds: int | None) -> str | None:
+    """Why a finished run's results file shows it failed; ``None`` when every round trained.
+
+    The paper's ServerApp records each round's aggregated train metrics, ``{}``
+    when no client replied with any (every ClientApp raised), and evaluates
+    the last round; ``flwr run`` reports such a run as completed all the same.
+    """
+    if not path.is_file():
+        return f"no results file {str(path)!r}"
+    try:
+        data = json.loads(path.read_text())
+        rounds = {int(r): entry if isinstance(entry, dict) else {} for r, entry in data["rounds"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"{str(path)!r} is not a readable results file: {err!r}"
+    untrained = sorted(r for r, entry in rounds.items() if not entry.get("train"))
+    if rounds and len(untrained) == len(rounds):
+        return f"no client trained: no round has train metrics ({len(rounds)} rounds recorded)"
+    if untrained:
+        return f"no client trained in rounds {', '.join(map(str, untrained))}"
+    missing = sorted(set(range(1, (num_rounds or 0) + 1)) - set(rounds))
+    if not rounds or missing:
+        return f"rounds {', '.join(map(str, missing)) or '(all)'} missing from the results"
+    last = max(rounds)
+    if not rounds[last].get("evaluate"):
+        return f"no client evaluated round {last} (the last)"
+    return None
+
+
+def run_one(flower, conf: dict, federation: str, algorithm: str, seed: int, results: Path, timeout: float,
+            name: str | None = None) -> None:
+    """Run one (algorithm, seed) into ``results``; ``SystemExit`` (non-zero) if it failed.
+
+    Failed: a status other than ``finished:completed``, or a results file
+    without train metrics in some round (see :func:`results_problem`); the
+    message carries the first error of the run's log (a ClientApp's, when
+    the clients failed).
+    """
     values = {**conf, "algorithm": algorithm, "seed": seed, "results-path": str(results)}
     start = time.monotonic()
     run_id = flower.run(APP, run_config_string(values), federation)
-    tag = f"[{results.parent.name} {algorithm} seed {seed}]"
+    tag = f"[{name or results.parent.name} {algorithm} seed {seed}]"
     print(f"{tag} run {run_id} started", flush=True)
     status = flower.wait(run_id, timeout=timeout, progress=lambda s: print(
         f"{tag} {s}, {time.monotonic() - start:.0f}s", flush=True))
-    if status != "finished:completed":
-        print(flower.logs(run_id)[-3000:], file=sys.stderr)
-        raise SystemExit(f"{tag} run {run_id} ended as {status}")
+    rounds = conf.get("num-server-rounds")
+    problem = (f"ended as {status}" if status != "finished:completed"
+               else results_problem(results, int(rounds) if rounds is not None else None))
+    if problem is not None:
+        logs = flower.logs(run_id)
+        error = first_error(logs)
+        detail = (f"the first error in its log:\n{error}" if error
+                  else f"the end of its log:\n{logs[-3000:]}")
+        raise SystemExit(f"{tag} run {run_id} failed: {problem}; {detail}")
     print(f"{tag} done in {time.monotonic() - start:.0f}s", flush=True)
+
+
+def commit(staging: Path, folder: Path) -> None:
+    """Replace ``folder``'s results by the finished grid's in ``staging`` (one ``os.replace`` each).
+
+    Results files of ``folder`` that the grid did not write (another
+    algorithm or seed of an older grid) are removed, so the table and the
+    plot show this grid only. ``staging`` is removed.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    new = {p.name for p in staging.iterdir() if RESULTS_NAME.fullmatch(p.name)}
+    for name in sorted(new):
+        os.replace(staging / name, folder / name)
+    for old in sorted(folder.iterdir()):
+        if RESULTS_NAME.fullmatch(old.name) and old.name not in new and old.is_file():
+            old.unlink()
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def table(folder: Path) -> str:
@@ -104,24 +175,35 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     algorithms = args.algorithms.split(",")
     out = args.out.resolve()
-    folders = []
-    # examples/paper on PYTHONPATH: Ray workers on other machines import the ClientApp from there.
-    with local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(APP)], cwd=ROOT) as flower:
-        for conf_path in args.confs:
-            conf = tomllib.loads(conf_path.read_text())
-            nodes = args.num_supernodes or conf.pop("federation", {}).get("num-supernodes", 10)
-            conf.pop("federation", None)
-            conf.update(parse_overrides(args.set))
-            federation = (f"num-supernodes={nodes} client-resources-num-cpus={args.cpus_per_client} "
-                          f"client-resources-num-gpus={args.gpus_per_client}")
-            folder = out / conf_path.stem
-            folder.mkdir(parents=True, exist_ok=True)
-            folders.append(folder)
-            for seed in seeds:
-                for algorithm in algorithms:
-                    results = folder / f"{algorithm}-seed{seed}.json"
-                    run_one(flower, conf, federation, algorithm, seed, results, args.timeout)
-    for folder in folders:
+    out.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[Path, Path]] = []  # (staging, results folder) per conf
+    try:
+        # examples/paper on PYTHONPATH: Ray workers on other machines import the ClientApp from there.
+        with local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(APP)], cwd=ROOT) as flower:
+            for conf_path in args.confs:
+                conf = tomllib.loads(conf_path.read_text())
+                nodes = args.num_supernodes or conf.pop("federation", {}).get("num-supernodes", 10)
+                conf.pop("federation", None)
+                conf.update(parse_overrides(args.set))
+                federation = (f"num-supernodes={nodes} client-resources-num-cpus={args.cpus_per_client} "
+                              f"client-resources-num-gpus={args.gpus_per_client}")
+                folder = out / conf_path.stem
+                staging = Path(tempfile.mkdtemp(prefix=f".{conf_path.stem}.staging-", dir=out))
+                staged.append((staging, folder))
+                for seed in seeds:
+                    for algorithm in algorithms:
+                        name = f"{algorithm}-seed{seed}.json"
+                        if str(conf.get("resume", "no")).lower() not in ("no", "false") \
+                                and (folder / name).is_file():
+                            shutil.copy2(folder / name, staging / name)  # a resumed run keeps its rounds
+                        run_one(flower, conf, federation, algorithm, seed, staging / name, args.timeout,
+                                name=conf_path.stem)
+        for staging, folder in staged:  # every run finished: now, and only now, replace the results
+            commit(staging, folder)
+    finally:
+        for staging, _ in staged:
+            shutil.rmtree(staging, ignore_errors=True)
+    for _, folder in staged:
         print(f"\n{folder.name}: client-mean test accuracy")
         print(table(folder))
         print(f"plot: {plot_accuracy(folder)}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tomllib
@@ -57,6 +58,21 @@ def tag(setting: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in setting.items())
 
 
+def run_into(flower, conf: dict, federation: str, method: str, seed: int, results: Path,
+             timeout: float) -> None:
+    """:func:`run_one`, whose results become ``results`` only if the run succeeded.
+
+    The study skips runs whose results exist: a run that failed or was stopped
+    half-way must leave none behind, or the next invocation would take it as done.
+    """
+    partial = results.with_name(f".{results.name}.partial")
+    try:
+        run_one(flower, conf, federation, method, seed, partial, timeout, name=results.parent.name)
+        os.replace(partial, results)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conf", type=Path, default=Path(__file__).parent / "conf" / "fashion-mnist-study.toml")
@@ -84,8 +100,8 @@ def main() -> None:
                 for setting in settings:
                     results = select_dir / f"{method}-{tag(setting)}.json"
                     if not results.exists():
-                        run_one(flower, {**conf, **setting}, federation, method, args.select_seed,
-                                results, args.timeout)
+                        run_into(flower, {**conf, **setting}, federation, method, args.select_seed,
+                                 results, args.timeout)
                     scores.append((validation_score(results), setting))
                 best = max(scores, key=lambda s: s[0])
                 selected[method] = {"setting": best[1], "validation": {tag(s): v for v, s in scores}}
@@ -98,7 +114,7 @@ def main() -> None:
                     setting = selected.get(method, {}).get("setting", {})
                     results = eval_dir / f"{method}-seed{seed}.json"
                     if not results.exists():
-                        run_one(flower, {**conf, **setting}, federation, method, seed, results, args.timeout)
+                        run_into(flower, {**conf, **setting}, federation, method, seed, results, args.timeout)
 
     text = table(eval_dir)
     selected = json.loads((out / "selected.json").read_text())

@@ -24,7 +24,7 @@ from .._records import numpy_to_record, record_views
 from ..core.layers import batch_norm_names
 from ..protocol import config_round
 from .persist import load_state, save_state, state_path
-from .state import after_training, before_training, restore_local, save_local
+from .state import after_training, before_training, client_salt, restore_local, save_local
 
 ClientAppCallable = Callable[[Message, Context], Message]
 _R = TypeVar("_R")
@@ -68,7 +68,7 @@ def lips_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Me
     received = record_views(record)  # read-only, no copy: LIPS reads; masking copies
     try:
         start, mask_metrics, round_config = before_training(
-            context.state, received, config, (context.node_id,)
+            context.state, received, config, client_salt(context)
         )
     except ValueError as err:
         return _error_reply(msg, f"lips_mod: {err}")

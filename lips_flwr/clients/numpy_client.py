@@ -14,7 +14,7 @@ from flwr.common import NDArrays, Scalar
 from ..core.layers import batch_norm_names
 from ..protocol import config_round
 from .persist import load_state, save_state, state_path
-from .state import after_training, before_training, restore_local, save_local
+from .state import after_training, before_training, client_salt, restore_local, save_local
 
 _OPTIONAL = ("get_properties", "get_parameters", "evaluate")
 
@@ -172,7 +172,7 @@ class LIPSNumPyClient(NumPyClient):
             load_state(state, saved_at, server_round)
         received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
         start, mask_metrics, round_config = before_training(
-            state, received, config, (self._lips_context.node_id,)
+            state, received, config, client_salt(self._lips_context)
         )
         trained, num_examples, metrics = self._inner("fit")(list(start.values()), config)
         named = self._named(trained, "the client's fit returned")

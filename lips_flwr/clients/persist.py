@@ -12,11 +12,19 @@ client writes those records after every training to
 the previous round's file beside it) and reads them back when a run with the
 same key finds its context empty: the newest saved before the round it is
 asked to train (or, for an evaluation, saved by then).
+
+The folder never costs a round: one that cannot be written (read-only, a
+regular file, a full disk) is logged once and the client replies as usual,
+without keeping its state on disk; a file that is damaged or lacks a part (a
+signal without its round) is logged and treated as absent; a partition id
+(or node id) that is not a plain name (``[A-Za-z0-9_.-]+`` without ``..``)
+never becomes part of a path: it is logged and nothing is kept.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from logging import INFO, WARNING
 from pathlib import Path
@@ -33,6 +41,24 @@ from .state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
 STATE_DIR_KEY = KEY_STATE_DIR  # the node/run config key naming the folder
 PERSISTED = (SIGNAL_KEY, SIGNAL_ROUND_KEY, LOCAL_KEY)
 FORMAT = "lips-flwr-client-state"
+# A partition id or node id in a file name: a plain name, so the file stays in its folder.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_warned: set[tuple[str, str]] = set()  # (what, where): each problem is logged once per process
+
+
+def _warn_once(what: str, where: str, message: str, *args: object) -> None:
+    if (what, where) not in _warned:
+        _warned.add((what, where))
+        log(WARNING, message, *args)
+
+
+def _plain_name(value: object) -> str | None:
+    """``value`` as a file-name part: an int, or a string of ``[A-Za-z0-9_.-]`` without ``..``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and _PLAIN_NAME.fullmatch(value) and ".." not in value:
+        return value
+    return None
 
 
 def state_path(context: Context, config: Mapping) -> Path | None:
@@ -45,7 +71,12 @@ def state_path(context: Context, config: Mapping) -> Path | None:
         log(WARNING, "LIPS: malformed %s %r from the server: client state not kept on disk",
             KEY_RUN, key)
         return None
-    who = context.node_config.get("partition-id", context.node_id)
+    raw = context.node_config.get("partition-id", context.node_id)
+    who = _plain_name(raw)
+    if who is None:
+        _warn_once("name", repr(raw), "LIPS: partition-id %r is not a plain name "
+                   "([A-Za-z0-9_.-]+ without '..'): client state not kept on disk", raw)
+        return None
     return Path(str(folder)) / f"lips-client-{key}-{who}.npz"
 
 
@@ -67,28 +98,67 @@ def _previous(path: Path) -> Path:
     return path.with_name(path.name.replace(".npz", ".prev.npz"))
 
 
+def _records(source: Path) -> dict[str, ArrayRecord | ConfigRecord]:
+    """The persisted records of a state file; ``ValueError`` if damaged or incomplete.
+
+    What :func:`~lips_flwr.clients.state.after_training` and
+    :func:`~lips_flwr.clients.state.save_local` write: the signal (arrays)
+    always with its round (a config with an int ``round``), the local tensors
+    (arrays) on their own. Anything else in the file is ignored.
+    """
+    groups, meta = read_groups(source, "LIPS client state")
+    configs = meta.get("configs", {})
+    if not isinstance(configs, dict):
+        raise ValueError(f"{str(source)!r} is damaged: its configs are not a mapping")
+    for key in (SIGNAL_KEY, LOCAL_KEY):
+        if key in configs:
+            raise ValueError(f"{str(source)!r} is damaged: {key!r} is not arrays")
+    if SIGNAL_ROUND_KEY in groups:
+        raise ValueError(f"{str(source)!r} is damaged: {SIGNAL_ROUND_KEY!r} is not a config")
+    if (SIGNAL_KEY in groups) != (SIGNAL_ROUND_KEY in configs):
+        present, missing = ((SIGNAL_KEY, SIGNAL_ROUND_KEY) if SIGNAL_KEY in groups
+                            else (SIGNAL_ROUND_KEY, SIGNAL_KEY))
+        raise ValueError(f"{str(source)!r} is incomplete: {present!r} without {missing!r}")
+    if SIGNAL_ROUND_KEY in configs:
+        signal_round = configs[SIGNAL_ROUND_KEY]
+        value = signal_round.get("round") if isinstance(signal_round, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{str(source)!r} is damaged: {SIGNAL_ROUND_KEY!r} has no int round")
+    records: dict[str, ArrayRecord | ConfigRecord] = {}
+    try:
+        for key in PERSISTED:
+            if key in groups:
+                records[key] = numpy_to_record(groups[key])
+            elif key in configs:
+                records[key] = ConfigRecord(configs[key])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{str(source)!r} is damaged: {err}") from err
+    return records
+
+
 def load_state(state: RecordDict, path: Path | None, before_round: int | None) -> bool:
     """Fill an empty ``state`` from the newest file saved before ``before_round``; whether it did.
 
     Two files are kept, the state after the last round this client trained
     and after the one before: a server resumes from the round before the
-    one it crashed in, which the client may have trained already. A damaged
-    file is logged and ignored.
+    one it crashed in, which the client may have trained already. A file
+    that is damaged or lacks a part is logged and treated as absent.
     """
     if path is None or any(key in state for key in PERSISTED):
         return False
     candidates = [(r, p) for p in (path, _previous(path)) if (r := _saved_round(p)) is not None
                   and (before_round is None or r < before_round)]
-    if not candidates:
-        return False
-    saved_round, source = max(candidates)
-    groups, meta = read_groups(source, "LIPS client state")
-    for key, arrays in groups.items():
-        state[key] = numpy_to_record(arrays)
-    for key, values in meta.get("configs", {}).items():
-        state[key] = ConfigRecord(values)
-    log(INFO, "LIPS: client state restored from %s (after round %d)", source, saved_round)
-    return True
+    for saved_round, source in sorted(candidates, reverse=True):
+        try:
+            records = _records(source)
+        except ValueError as err:
+            log(WARNING, "LIPS: client state not restored: %s", err)
+            continue
+        for key, record in records.items():
+            state[key] = record
+        log(INFO, "LIPS: client state restored from %s (after round %d)", source, saved_round)
+        return True
+    return False
 
 
 def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None:
@@ -96,6 +166,8 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
 
     The file of an earlier round becomes the previous one; a file of this or
     a later round (a resumed run training a lost round again) is replaced.
+    A folder that cannot be written is logged (once per folder) and the
+    state is not saved: the round's reply is never lost to it.
     """
     if path is None:
         return
@@ -105,10 +177,15 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     configs = {k: dict(state[k]) for k in present if isinstance(state[k], ConfigRecord)}
     if not groups and not configs:
         return
-    last = _saved_round(path)
-    if last is not None and last < trained_round:
-        os.replace(path, _previous(path))
-    write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
+    try:
+        last = _saved_round(path)
+        if last is not None and last < trained_round:
+            os.replace(path, _previous(path))
+        write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
+    except OSError as err:
+        _warn_once("save", str(path.parent), "LIPS: client state not kept on disk: cannot write "
+                   "to the %s folder %r (%s: %s); training goes on without it",
+                   STATE_DIR_KEY, str(path.parent), type(err).__name__, err)
 
 
 __all__ = ["STATE_DIR_KEY", "load_state", "save_state", "state_path"]

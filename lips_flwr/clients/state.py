@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from .._records import numpy_to_record, record_views
 from ..core.client_masking import client_mask, iter_local_update
@@ -40,6 +40,18 @@ def save_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Seque
         state[LOCAL_KEY] = numpy_to_record({n: arrays[n] for n in names if n in arrays})
 
 
+def client_salt(context: Context) -> tuple[int, ...]:
+    """What makes this client's random score its own: its partition id, else its node id.
+
+    A simulation draws new node ids in every run but keeps the partition ids,
+    so a run repeated with the same seed masks alike only when salted by the latter.
+    """
+    partition = context.node_config.get("partition-id")
+    if isinstance(partition, int) and not isinstance(partition, bool):
+        return (partition,)
+    return (context.node_id,)
+
+
 def before_training(
     state: RecordDict, arrays: Mapping[str, np.ndarray], config: Mapping, salt: tuple[int, ...]
 ) -> tuple[dict[str, np.ndarray], dict[str, float], ClientRoundConfig | None]:
@@ -53,7 +65,7 @@ def before_training(
     if round_config is None or not round_config.masks:
         return dict(arrays), {}, round_config
     signal, signal_round = None, None
-    if SIGNAL_KEY in state:
+    if SIGNAL_KEY in state and SIGNAL_ROUND_KEY in state:  # one without the other: no signal
         signal = record_views(cast(ArrayRecord, state[SIGNAL_KEY]))
         signal_round = int(cast(int, state[SIGNAL_ROUND_KEY]["round"]))
     masked, zeros, used = client_mask(arrays, round_config, signal, signal_round, salt)
@@ -91,6 +103,6 @@ def after_training(
 
 
 __all__ = [
-    "LOCAL_KEY", "SIGNAL_KEY", "SIGNAL_ROUND_KEY", "after_training", "before_training",
+    "LOCAL_KEY", "SIGNAL_KEY", "SIGNAL_ROUND_KEY", "after_training", "before_training", "client_salt",
     "restore_local", "save_local",
 ]

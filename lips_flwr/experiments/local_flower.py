@@ -250,6 +250,61 @@ class LocalFlower:
         proc = self.cli("log", run_id, "--show", timeout=60)
         return proc.stdout + proc.stderr
 
+    def first_error(self, run_id: str) -> str | None:
+        """The first exception in the run's log (see :func:`first_error`); ``None`` if none."""
+        return first_error(self.logs(run_id))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s?")
+# The last line of a traceback: `[pkg.]NameError[(...)][: message]`.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure))(?:\([\w.]*\))?(?::\s?(.*))?$"
+)
+# Flower's and Ray's wrappers around a ClientApp's own exception.
+_WRAPPERS = {"ClientAppException", "RayTaskError", "RayActorError", "ServerAppException"}
+_TRACE_LINE = re.compile(r"^(\s+|Traceback \(most recent call last\)|The above exception|During handling)")
+
+
+def first_error(log_text: str, max_lines: int = 12) -> str | None:
+    """The first exception in a run's log (``flwr log``), without Flower's and Ray's wrappers.
+
+    The first ``ERROR`` block (or ``Traceback``) is searched for the last line
+    of a traceback, ``SomeError: message`` (with the message's further lines),
+    preceded by the ``File ...`` line where it was raised; ``None`` when the
+    log shows no exception. A ClientApp that fails in every round fails
+    the same way each time: its first error is what a user needs to see.
+    """
+    lines = [_ANSI.sub("", line).rstrip() for line in log_text.splitlines()]
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("ERROR") and _LOG_LINE.match(line)
+                  or line.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return None
+    block = [_LOG_LINE.sub("", lines[start])]
+    for line in lines[start + 1:]:
+        level = _LOG_LINE.match(line)
+        if level and level.group(1) != "ERROR":
+            break
+        block.append(_LOG_LINE.sub("", line) if level else line)
+    found = [(i, m) for i, line in enumerate(block) if (m := _EXCEPTION_LINE.match(line))]
+    if not found:
+        return None
+    own = [(i, m) for i, m in found if m.group(1) not in _WRAPPERS and (m.group(2) or "").strip()]
+    index, _ = (own or found)[0]
+    out = [block[index]]
+    for line in block[index + 1:]:  # a message of several lines
+        if not line or _TRACE_LINE.match(line) or _EXCEPTION_LINE.match(line) or len(out) >= max_lines:
+            break
+        out.append(line)
+    frames = [i for i in range(index) if block[i].lstrip().startswith("File ")]
+    if frames:
+        where = [block[frames[-1]].strip()]
+        if frames[-1] + 1 < index and block[frames[-1] + 1].startswith("    "):
+            where.append("  " + block[frames[-1] + 1].strip())
+        out = where + out
+    return "\n".join(out)
+
 
 def local_flower(home: Path, *, pythonpath: list[str] | None = None, cwd: Path | None = None) -> LocalFlower:
     """A :class:`LocalFlower` with its own Flower home, free ports and offline settings.
@@ -278,4 +333,7 @@ def local_flower(home: Path, *, pythonpath: list[str] | None = None, cwd: Path |
     return LocalFlower(home=home, env=env, cwd=Path.cwd() if cwd is None else Path(cwd))
 
 
-__all__ = ["LocalFlower", "find_processes", "find_superlinks", "local_flower", "stop_superlink", "stop_tree"]
+__all__ = [
+    "LocalFlower", "find_processes", "find_superlinks", "first_error", "local_flower", "stop_superlink",
+    "stop_tree",
+]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import re
+from pathlib import Path
+from typing import IO, Any
 
 from ..persistence.npz_store import write_atomic
 
@@ -14,11 +16,34 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else str(value)
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux), else by setting it back at once."""
+    try:
+        found = re.search(r"^Umask:\s*([0-7]+)", Path("/proc/self/status").read_text(), re.MULTILINE)
+    except OSError:
+        found = None
+    if found:
+        return int(found.group(1), 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
 
 def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``."""
+    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``.
+
+    The file gets a normal file's mode (``0o666 & ~umask``, e.g. 0644), not the
+    0600 of the temporary file it is renamed from, set before it takes the name.
+    """
     text = json.dumps(payload, indent=2, sort_keys=True, default=_plain)
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    mode = 0o666 & ~_umask()
+
+    def write(f: IO[bytes]) -> None:
+        f.write(text.encode("utf-8"))
+        if hasattr(os, "fchmod"):  # POSIX
+            os.fchmod(f.fileno(), mode)
+
+    write_atomic(path, write)
 
 
 __all__ = ["write_json_atomic"]

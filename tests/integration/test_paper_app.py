@@ -74,3 +74,32 @@ def test_paper_app_rejects_an_unknown_algorithm(flwr, tmp_path):
                       "num-supernodes=2 client-resources-num-cpus=1")
     assert flwr.wait(run_id, timeout=RUN_TIMEOUT_S) != "finished:completed"
     assert "`algorithm` must be one of" in flwr.logs(run_id)
+
+
+def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
+    """`flwr run` reports such a run as completed; run_grid.py must not (exit code, the clients' error)."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    conf = tmp_path / "tiny.toml"
+    conf.write_text("dataset = 'fashion-mnist'\nmodel = 'fashion-cnn'\nnum-server-rounds = 1\ninertia-t0 = 0\n"
+                    "samples-per-client = 20\ntest-samples = 20\nlocal-epochs = 1\nbatch-size = 10\n\n"
+                    "[federation]\nnum-supernodes = 2\n")
+    out = tmp_path / "out"
+    (out / "tiny").mkdir(parents=True)
+    (out / "tiny" / "fedbn-seed0.json").write_text("{}")  # an earlier grid's results: left alone
+    proc = subprocess.run(
+        [sys.executable, str(APP / "run_grid.py"), str(conf), "--algorithms", "fedbn", "--seeds", "0",
+         "--out", str(out), "--timeout", str(RUN_TIMEOUT_S), "--set", f"dataset-path='{empty}'"],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120, check=False,
+        env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"},
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "no client trained" in proc.stderr, proc.stderr[-4000:]
+    assert f"FileNotFoundError: no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in {empty}" \
+        in proc.stderr, proc.stderr[-4000:]
+    assert "client-mean test accuracy" not in proc.stdout
+    assert (out / "tiny" / "fedbn-seed0.json").read_text() == "{}"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".flwr")) == ["tiny"]

@@ -275,3 +275,28 @@ def test_lips_mod_handles_named_train_actions_and_reordered_replies():
 
     reply = lips_mod(message(model, lips_config(2)), ctx, reordering_app)
     assert "lips-update-norm" in reply.content["metrics"]
+
+
+def test_client_mode_random_mask_is_the_same_in_every_run_of_a_simulation():
+    """Simulated node ids are random per `flwr run`; the partition id is not: the random
+    score's seed must come from the latter, or the same seed gives other masks in each run."""
+    config = {**lips_config(1, tau=0.5), "lips-score": "random", "lips-seed": 7}
+    masks = []
+    for node_id in (42, 987654321):  # the same client (partition 3) in two runs
+        app = FakeApp()
+        ctx = Context(run_id=1, node_id=node_id, node_config={"partition-id": 3},
+                      state=RecordDict(), run_config={})
+        lips_mod(message(tiny_model(), config), ctx, app)
+        app_np = FakeApp()
+        ctx_np = Context(run_id=1, node_id=node_id, node_config={"partition-id": 3},
+                         state=RecordDict(), run_config={})
+        LIPSNumPyClient(UserClient(app_np), ctx_np, param_names=NAMES).fit(
+            list(tiny_model().values()), config)
+        np.testing.assert_array_equal(app.received[0]["conv2.weight"] == 0,
+                                      app_np.received[0]["conv2.weight"] == 0)
+        masks.append(app.received[0]["conv2.weight"] == 0)
+    np.testing.assert_array_equal(masks[0], masks[1])
+    other = Context(run_id=1, node_id=42, node_config={"partition-id": 4}, state=RecordDict(), run_config={})
+    app = FakeApp()
+    lips_mod(message(tiny_model(), config), other, app)
+    assert not np.array_equal(app.received[0]["conv2.weight"] == 0, masks[0])  # another client differs

@@ -90,3 +90,20 @@ def test_dropout_hooks_act_in_training_only():
     assert (net[0](x) == 0).sum() == 0
     for h in handles:
         h.remove()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_results_files_get_a_normal_files_mode(tmp_path, umask):
+    """mkstemp makes 0600 files; a results file is read like the plot beside it (0666 & ~umask)."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        path = tmp_path / "results.json"
+        write_json_atomic(path, {"x": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+        write_json_atomic(path, {"x": 2})  # a replaced file too
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    finally:
+        os.umask(old)

@@ -108,6 +108,18 @@ def test_parse_malformed_raises(config):
         parse_round_config(config)
 
 
+@pytest.mark.parametrize("tau", [1.0, 1.5, -0.1, float("nan"), float("inf")])
+def test_parse_rejects_a_tau_outside_zero_to_one(tau):
+    """The server requires tau0 < 1; a client must not accept what no LIPS server sends."""
+    with pytest.raises(ValueError, match="lips-tau"):
+        parse_round_config({"lips-round": 1, "lips-mode": "client", "lips-tau": tau})
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.5, 0.999])
+def test_parse_accepts_a_tau_in_zero_to_one(tau):
+    assert parse_round_config({"lips-round": 1, "lips-mode": "client", "lips-tau": tau}).tau == tau
+
+
 # --------------------------------------------------------------------------- local_update
 def test_local_update_covers_only_candidates(small_net):
     trained = trained_copy(small_net)

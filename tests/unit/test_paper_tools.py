@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import itertools
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from flower_fakes import task_identity  # noqa: F401
 
 PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
 
@@ -90,3 +95,87 @@ def test_a_recording_from_a_later_round_keeps_the_results_files_earlier_rounds(t
     assert data["rounds"]["4"]["train"]["acc-before"] == 0.9
     recorder()._save(1, "train", {"acc-before": 0.1})  # a run from round 1 keeps nothing of an old file
     assert list(json.loads(results.read_text())["rounds"]) == ["1"]
+
+
+# --------------------------------------------------------------------------- the same seed, the same numbers
+# A simulation gives its SuperNodes new random node ids in every `flwr run`, and replies
+# arrive in any order: nothing the paper app sums may depend on either.
+
+
+def paper_module(name):
+    sys.path.insert(0, str(PAPER))
+    return importlib.import_module(f"lips_paper.{name}")
+
+
+def test_client_mean_metrics_do_not_depend_on_the_replies_order():
+    from flwr.app import MetricRecord, RecordDict
+
+    uniform_mean = paper_module("server_app").uniform_mean
+    values = [1e16, 1.0, -1e16, 3.0, 0.1, 0.2, 0.3]  # a float sum that changes with the order
+    records = [RecordDict({"metrics": MetricRecord({"acc": v, "num-examples": 10})}) for v in values]
+    results = set()
+    for order in itertools.permutations(range(len(records)), 4):
+        rest = [i for i in range(len(records)) if i not in order]
+        results.add(uniform_mean([records[i] for i in (*order, *rest)], "num-examples")["acc"])
+    assert len(results) == 1
+    assert results.pop() == pytest.approx(4.6 / 7)
+    assert uniform_mean(records, "num-examples")["num-examples"] == 70
+
+
+def test_the_global_model_does_not_depend_on_the_replies_order(task_identity):  # noqa: F811
+    from flower_fakes import reply, tiny_model
+
+    server_app = paper_module("server_app")
+    rng = np.random.default_rng(0)
+    models = [{k: (v + rng.normal(scale=0.1, size=v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v
+               for k, v in tiny_model(i).items()} for i in range(8)]
+    sizes = [37, 51, 100, 3, 77, 64, 12, 90]
+    first = None
+    for trial in range(6):
+        order = np.random.default_rng(trial).permutation(8)
+        # new random node ids each "run": what the LIPS wrapper's node-id order would give
+        ids = np.random.default_rng(100 + trial).permutation(8)
+        replies = [reply(models[i], sizes[i], node_id=int(ids[i])) for i in order]
+        replies.sort(key=lambda m: m.metadata.src_node_id)
+        for strategy in (server_app.StableFedAvg(), server_app.FreezeMiddleFedAvg(freeze_after=5)):
+            arrays, _ = strategy.aggregate_train(1, replies)
+            got = {k: v.numpy() for k, v in arrays.items()}
+            if first is None:
+                first = got
+            for name in first:
+                assert got[name].tobytes() == first[name].tobytes(), (trial, name)
+
+
+def test_dropout_control_trains_the_same_whatever_ran_before(task_identity):  # noqa: F811
+    """The dropout control draws from torch's global generator: the client seeds it per round."""
+    import tomllib
+
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    threads = torch.get_num_threads()
+    try:
+        client_app = paper_module("client_app")
+        from lips_flwr.experiments.models import build_model
+
+        defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+        run_config = {**defaults, "algorithm": "fedbn-dropout", "dataset": "digits", "model": "digits-cnn",
+                      "samples-per-client": 40, "test-samples": 20, "local-epochs": 1, "batch-size": 20,
+                      "dropout": 0.5, "device": "cpu"}
+        torch.manual_seed(0)
+        initial = ArrayRecord(build_model("digits-cnn", 10, 1).state_dict())
+        trained = []
+        for noise in (1, 2):
+            torch.manual_seed(noise)  # whatever this worker process ran before
+            torch.rand(noise * 7)
+            ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 1}, state=RecordDict(),
+                          run_config=run_config)
+            msg = Message(RecordDict({"arrays": initial, "config": ConfigRecord({"server-round": 1})}),
+                          dst_node_id=5, message_type="train")
+            reply = client_app.train(msg, ctx)
+            trained.append({k: v.numpy() for k, v in reply.content["arrays"].items()})
+        for name in trained[0]:
+            np.testing.assert_array_equal(trained[0][name], trained[1][name])
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(False)

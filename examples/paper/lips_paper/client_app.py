@@ -4,11 +4,17 @@ FedBN (``fedbn_mod``) is on for every algorithm but ``fedavg``; ``lips_mod``
 reports local update norms (and masks in client mode). Each client evaluates
 its trained model on its own test set (``acc-before``, before aggregation)
 and the model it receives (``acc-after``).
+
+The same seed gives the same numbers in every run: the data split, the
+batch order and augmentation (a generator per client and round), dropout
+(torch's global generator, seeded per client and round) and one CPU thread
+per client; on a GPU, deterministic kernels (``torch.use_deterministic_algorithms``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -21,7 +27,12 @@ from lips_flwr.experiments.models import build_model
 from lips_flwr.experiments.training import add_dropout, evaluate_tensors, train_tensors
 from lips_paper.algorithms import algorithm
 
-torch.set_num_threads(1)  # many simulated clients share the CPU cores
+torch.set_num_threads(1)  # many simulated clients share the CPU cores (and one thread sums alike)
+# Deterministic GPU kernels; cuBLAS needs this before CUDA starts in this process.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+torch.backends.cudnn.benchmark = False
+torch.backends.cudnn.deterministic = True
+torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def fedbn_unless_fedavg(msg: Message, context: Context, call_next) -> Message:
@@ -95,12 +106,16 @@ def train(msg: Message, context: Context) -> Message:
     algo = algorithm(str(cfg["algorithm"]))
     rnd = int(msg.content["config"]["server-round"])
     middle = select_layers({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}, "middle")
+    seed = (int(cfg["seed"]) * 1_000_003 + rnd) * 1009 + pid
     if algo.dropout:  # a control: dropout on the layers LIPS would mask
         add_dropout(net, middle, float(cfg["dropout"]))
+    # Dropout draws from torch's global generator, whose state would otherwise be whatever
+    # this worker process ran before (another client, another round).
+    torch.manual_seed(seed)
     loss = train_tensors(
         net, *train_set, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
         momentum=float(cfg["momentum"]), batch_size=int(cfg["batch-size"]),
-        augmentation=str(cfg["augment"]), seed=(int(cfg["seed"]) * 1_000_003 + rnd) * 1009 + pid,
+        augmentation=str(cfg["augment"]), seed=seed,
         weight_decay=float(cfg["weight-decay"]) if algo.weight_decay else 0.0,
         decay_only=set(middle) if algo.weight_decay else None,
     )

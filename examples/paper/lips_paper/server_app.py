@@ -1,14 +1,23 @@
-"""ServerApp: FedAvg (or FedBN, with the clients' fedbn_mod) wrapped by LIPS, recorded per round."""
+"""ServerApp: FedAvg (or FedBN, with the clients' fedbn_mod) wrapped by LIPS, recorded per round.
+
+The same seed gives the same numbers: replies are aggregated in an order
+fixed by their content (a simulation draws new node ids in every run, and
+replies arrive in any order; float sums depend on the order), and the
+client-mean metrics are exactly rounded sums (``math.fsum``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -25,7 +34,10 @@ app = ServerApp()
 
 
 def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
-    """Mean over clients, unweighted (the paper's client-mean accuracy); the weight key summed."""
+    """Mean over clients, unweighted (the paper's client-mean accuracy); the weight key summed.
+
+    ``math.fsum`` is exactly rounded: the mean does not depend on the replies' order.
+    """
     values: dict[str, list[float]] = defaultdict(list)
     for record in records:
         for metrics in record.metric_records.values():
@@ -33,8 +45,44 @@ def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecor
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     values[key].append(float(value))
     return MetricRecord({
-        key: int(sum(v)) if key == weighted_by_key else sum(v) / len(v) for key, v in values.items()
+        key: int(math.fsum(v)) if key == weighted_by_key else math.fsum(v) / len(v)
+        for key, v in sorted(values.items())
     })
+
+
+def content_key(msg: Message) -> tuple[int, bytes]:
+    """A reply's place in :func:`stable_order`: a digest of everything it carries (errors last)."""
+    if msg.has_error():
+        return (1, b"")
+    digest = hashlib.blake2b(digest_size=16)
+    for name, record in sorted(msg.content.items(), key=lambda item: item[0]):
+        digest.update(f"{name}\0{type(record).__name__}\0".encode())
+        if isinstance(record, ArrayRecord):
+            for key, array in record.items():
+                digest.update(f"{key}\0{array.dtype}\0{array.shape}\0".encode())
+                digest.update(array.data)
+        else:
+            digest.update(repr(sorted(record.items(), key=lambda item: item[0])).encode())
+    return (0, digest.digest())
+
+
+def stable_order(replies: Iterable[Message]) -> list[Message]:
+    """Replies in an order fixed by their content, not by node ids or arrival.
+
+    Node ids are drawn anew in every simulation run, so an order by node id
+    still changes from run to run; the same clients' replies always sort alike.
+    """
+    return sorted(replies, key=content_key)
+
+
+class StableFedAvg(FedAvg):
+    """FedAvg whose sums take the replies in :func:`stable_order`: the same seed, the same model."""
+
+    def aggregate_train(self, server_round, replies):
+        return super().aggregate_train(server_round, stable_order(replies))
+
+    def aggregate_evaluate(self, server_round, replies):
+        return super().aggregate_evaluate(server_round, stable_order(replies))
 
 
 def summarize(rounds: dict) -> dict:
@@ -53,7 +101,7 @@ def summarize(rounds: dict) -> dict:
     return out
 
 
-class FreezeMiddleFedAvg(FedAvg):
+class FreezeMiddleFedAvg(StableFedAvg):
     """The freeze ablation (paper Table 1): after ``freeze_after``, middle layers stop being aggregated.
 
     They keep the value they had after round ``freeze_after``; the other
@@ -135,7 +183,8 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(int(cfg["seed"]))  # the same initial model for every algorithm
     net = build_model(str(cfg["model"]), num_classes, channels)
     nodes = max(1, len(list(grid.get_node_ids())))
-    base, extra = FedAvg, {}
+    base: type[StableFedAvg] = StableFedAvg
+    extra: dict = {}
     if algo.freeze:
         base, extra = FreezeMiddleFedAvg, {"freeze_after": int(cfg["freeze-round"])}
     fedavg = base(
