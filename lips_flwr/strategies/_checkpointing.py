@@ -23,14 +23,9 @@ from ..core.layers import candidate_names, select_layers
 from ..core.lips import LIPSCore
 from ..persistence.checkpoint import (
     Checkpoint,
-    CheckpointLock,
-    HistoryLog,
     check_writable,
     checkpoint_to_resume,
     existing_checkpoint,
-    fingerprint_mismatch,
-    lock_checkpoint,
-    model_fingerprint,
     model_mismatch,
     numpy_random_state,
     python_random_state,
@@ -40,6 +35,9 @@ from ..persistence.checkpoint import (
     settings_mismatch,
     validate_resume,
 )
+from ..persistence.history import HistoryLog
+from ..persistence.identity import fingerprint_mismatch, model_fingerprint
+from ..persistence.lock import CheckpointLock, lock_checkpoint
 from ..protocol import new_run_key
 from ._strategy_state import (
     FromState,

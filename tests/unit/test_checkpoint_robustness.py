@@ -52,8 +52,8 @@ from test_resume import (
 
 from lips_flwr.core.layers import candidate_names
 from lips_flwr.core.lips import LIPSCore
-from lips_flwr.persistence import checkpoint as ckpt
 from lips_flwr.persistence.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from lips_flwr.persistence.identity import model_fingerprint
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies._checkpointing import CheckpointKeeper
 from lips_flwr.strategies._strategy_state import ndarray_state
@@ -276,11 +276,11 @@ def test_the_run_identity_is_the_initial_model_for_the_whole_run(tmp_path, task_
 
     strategy._save_checkpoint = spy
     start(lambda: strategy, tiny_model(0))
-    expected = ckpt.model_fingerprint(tiny_model(0))
+    expected = model_fingerprint(tiny_model(0))
     assert len(seen) >= ROUNDS and all(i["initial_model"] == expected for i in seen)
     assert expected["names"] == NAMES and len(expected["sha256"]) == 64
     assert seen[-1]["settings"] == strategy.core.settings()
-    assert ckpt.model_fingerprint(tiny_model(1))["sha256"] != expected["sha256"]
+    assert model_fingerprint(tiny_model(1))["sha256"] != expected["sha256"]
 
 
 def test_legacy_resume_refuses_the_checkpoint_of_another_run(tmp_path):
