@@ -12,7 +12,7 @@ arrays (the NaN/Inf check runs on the aggregate, in :mod:`._adapter`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TypeVar
 
 import numpy as np
@@ -41,9 +41,16 @@ def records(msg: Message, kind: type[_R]) -> list[tuple[str, _R]]:
     return [(name, record) for name, record in msg.content.items() if isinstance(record, kind)]
 
 
-def by_node(replies: Iterable[Message]) -> list[Message]:
-    """Replies in node-id order: floating-point sums then do not depend on arrival order."""
-    return sorted(replies, key=lambda msg: msg.metadata.src_node_id)
+def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Message]:
+    """The error replies and the ``kept`` ones, in the order ``replies`` came.
+
+    LIPS does not reorder: the wrapped strategy sums in the order it would
+    without LIPS, so ``tau0=0`` reproduces it bit for bit. (An app that wants
+    the same bits in every run orders replies by content itself: the paper
+    app's ``StableFedAvg``; node ids are new in every simulation run.)
+    """
+    keep = {id(msg) for msg in kept}
+    return [msg for msg in replies if msg.has_error() or id(msg) in keep]
 
 
 def train_problem(

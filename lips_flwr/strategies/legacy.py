@@ -118,7 +118,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
 
-        Results are taken in client order; those that fail the checks of the
+        Results keep the order they came in (``tau0=0`` reproduces the wrapped
+        strategy bit for bit); those that fail the checks of the
         Message API adapter (:func:`._reply_checks.reply_problem`), or make
         the aggregate non-finite, move to ``failures``; arrays in another
         dtype than most results' are cast first.
@@ -126,7 +127,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         server_round = self._round(server_round)
         last = server_round == self.core.schedule.num_rounds
         failures = list(failures)
-        results = sorted(results, key=lambda result: _client_order(result[0].cid))
+        results = list(results)
         if self._lips_previous is not None:
             headers = ModelHeaders(dict(zip(self._names(self._lips_previous), self._lips_previous.tensors)))
             dtypes: dict[int, Mapping[str, np.dtype]] = {}
@@ -195,7 +196,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
     ) -> tuple[float | None, dict[str, Scalar]]:
         """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures."""
         failures = list(failures)
-        results = sorted(results, key=lambda result: _client_order(result[0].cid))
         results, dropped = self._checked(results, lambda r: (
             f"client {r[0].cid}", num_examples_problem(r[1].num_examples, "num_examples")))
         failures.extend(dropped)
@@ -255,11 +255,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         if kind == "parameters":
             return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
         return super()._from_state(kind, arrays)
-
-
-def _client_order(cid: str) -> tuple[int, int, str]:
-    """Numeric client ids in numeric order, then the others: sums then do not depend on arrival."""
-    return (0, int(cid), "") if cid.isdigit() else (1, 0, cid)
 
 
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):

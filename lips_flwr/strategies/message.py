@@ -22,10 +22,10 @@ from .._records import numpy_to_record, record_to_numpy, record_views
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._message_loop import empty_history, history_from_json, run_start
 from ._message_replies import (
-    by_node,
     cast_replies,
     consistent,
     evaluate_problem,
+    in_arrival_order,
     nonfinite_culprit,
     records,
     train_problem,
@@ -91,15 +91,15 @@ class _LIPSMixin(LIPSAdapter):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the usable replies with the wrapped strategy, then let LIPS mask on mask rounds.
 
-        Replies are taken in node order (sums then do not depend on arrival
-        order). A reply that does not fit the global model, or whose records
-        differ from most others', is dropped with a logged reason
+        The wrapped strategy gets the usable replies in the order they came,
+        as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
+        reply that does not fit the global model, or whose records differ
+        from most others', is dropped with a logged reason
         (:mod:`._message_replies`); an array in another dtype than most
         replies' is cast first. Error replies pass on to the wrapped
         strategy, which counts them as failures.
         """
-        replies = by_node(replies)
-        errors = [msg for msg in replies if msg.has_error()]
+        replies = list(replies)
         usable = [msg for msg in replies if not msg.has_error()]
         if self._lips_previous is not None:
             headers = ModelHeaders({name: a.data for name, a in self._lips_previous.items()})
@@ -123,7 +123,7 @@ class _LIPSMixin(LIPSAdapter):
             if calls:  # a retry
                 _restore(contents)
             calls.append(len(kept))
-            return inner(server_round, by_node(kept + errors))
+            return inner(server_round, in_arrival_order(replies, kept))
 
         def culprit(kept: list[Message]) -> tuple[int, str] | None:
             _restore(contents)
@@ -140,13 +140,12 @@ class _LIPSMixin(LIPSAdapter):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The wrapped strategy's evaluate aggregate of the usable replies (weights and keys checked)."""
-        replies = by_node(replies)
-        errors = [msg for msg in replies if msg.has_error()]
+        replies = list(replies)
         usable = [msg for msg in replies if not msg.has_error()]
         weight_key = self._weight_key()
         usable, _ = self._checked(usable, lambda m: (_sender(m), evaluate_problem(m, weight_key)))
         usable = self._consistent(usable, arrays=False)
-        return super().aggregate_evaluate(server_round, by_node(usable + errors))  # type: ignore[misc]
+        return super().aggregate_evaluate(server_round, in_arrival_order(replies, usable))  # type: ignore[misc]
 
     def _consistent(self, replies: list[Message], arrays: bool) -> list[Message]:
         kept, reasons = consistent(replies, arrays)

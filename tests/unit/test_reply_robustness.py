@@ -234,30 +234,3 @@ def test_a_retry_restores_what_the_wrapped_strategy_cached():
     for name in model:
         np.testing.assert_array_equal(got[name], want[name])
         np.testing.assert_array_equal(got_cache[name], want_cache[name])
-
-
-def test_reply_order_does_not_change_the_aggregate():
-    """Replies are aggregated in node order, so the same round gives the same bits in any arrival order."""
-    model = tiny_model()
-    trained = [update(model, node, 1) for node in range(1, 6)]
-    results = []
-    for order in ((0, 1, 2, 3, 4), (4, 2, 0, 3, 1)):
-        strategy = LIPS(FedAvg(), num_rounds=ROUNDS, every=2)
-        list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid(5)))
-        new, _ = strategy.aggregate_train(1, [reply(trained[i], 7 + i, node_id=i + 1) for i in order])
-        results.append(to_numpy(new))
-    for name in model:
-        assert results[0][name].tobytes() == results[1][name].tobytes(), name
-
-
-def test_legacy_result_order_does_not_change_the_aggregate():
-    model = tiny_model()
-    trained = [update(model, node, 1) for node in range(1, 6)]
-    results = []
-    for order in ((0, 1, 2, 3, 4), (4, 2, 0, 3, 1)):
-        strategy = LegacyLIPS(LegacyFedAvg(), param_names=NAMES, num_rounds=ROUNDS)
-        strategy.configure_fit(1, ndarrays_to_parameters(list(model.values())), client_manager(5))
-        new, _ = strategy.aggregate_fit(1, [fit_result(trained[i], 7 + i, cid=str(i + 1)) for i in order], [])
-        results.append(params_to_model(new, NAMES))
-    for name in model:
-        assert results[0][name].tobytes() == results[1][name].tobytes(), name
