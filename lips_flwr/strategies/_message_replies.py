@@ -55,28 +55,29 @@ def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Messag
 
 def train_problem(
     msg: Message, headers: ModelHeaders, weight_key: str | None
-) -> tuple[str | None, dict[str, np.dtype]]:
-    """Why a train reply cannot be aggregated into the global model, or ``None``; and its dtypes.
+) -> tuple[str | None, Mapping[str, np.dtype], dict[str, Array]]:
+    """Why a train reply cannot be aggregated into the global model, or ``None``; its dtypes and arrays.
 
     One numpy-serialized ArrayRecord whose names and shapes match the global
     model and whose arrays are real numbers; when the wrapped strategy weights
     by a metric, one MetricRecord with a positive, finite scalar for it.
     Headers only (:func:`._reply_checks.fast_reply_problem`).
     """
-    arrays = records(msg, ArrayRecord)
-    if len(arrays) != 1:
-        return f"expected one ArrayRecord, got {len(arrays)}", {}
-    record = arrays[0][1]
-    reason = serialization_problem({n: a.stype for n, a in record.items()})
+    found = records(msg, ArrayRecord)
+    if len(found) != 1:
+        return f"expected one ArrayRecord, got {len(found)}", {}, {}
+    arrays = dict(found[0][1].items())
+    reason = serialization_problem({n: a.stype for n, a in arrays.items()})
     if reason is not None:
-        return reason, {}
+        return reason, {}, arrays
     num_examples: object = None
     if weight_key is not None:
         reason, num_examples = _weight(msg, weight_key)
         if reason is not None:
-            return reason, {}
-    tensors = {n: a.data for n, a in record.items()}
-    return fast_reply_problem(headers, tensors, num_examples, weight_key or "num-examples")
+            return reason, {}, arrays
+    tensors = {n: a.data for n, a in arrays.items()}
+    reason, dtypes = fast_reply_problem(headers, tensors, num_examples, weight_key or "num-examples")
+    return reason, dtypes, arrays
 
 
 def evaluate_problem(msg: Message, weight_key: str | None) -> str | None:
@@ -153,8 +154,8 @@ def reply_views(msg: Message) -> dict[str, np.ndarray]:
 
 def cast_replies(
     replies: list[Message], dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-) -> list[str]:
-    """Re-serialize, in place, every array in another dtype than most replies'; ``node: name`` of each.
+) -> set[int]:
+    """Re-serialize, in place, every array in another dtype than most replies'; ``id`` of each reply cast.
 
     ``dtypes`` holds each reply's dtypes (from :func:`train_problem`).
     Flower's aggregation accumulates into the first reply's dtype: a float16
@@ -162,7 +163,7 @@ def cast_replies(
     (see :func:`._reply_checks.common_dtypes`). On a good round nothing is cast.
     """
     chosen = common_dtypes(dtypes, previous)
-    cast = []
+    cast = set()
     for msg, found in zip(replies, dtypes):
         odd = [name for name, dtype in found.items() if dtype != chosen[name]]
         if not odd:
@@ -171,7 +172,7 @@ def cast_replies(
         for name in odd:
             data = read_npy(record[name].data)
             record[name] = Array(np.ascontiguousarray(data.astype(chosen[name])))
-            cast.append(f"node {msg.metadata.src_node_id}: {name} {data.dtype}->{chosen[name]}")
+        cast.add(id(msg))
     return cast
 
 

@@ -124,10 +124,17 @@ def common_dtypes(
     aggregated in these dtypes whatever their order (Flower accumulates into
     the first reply's dtype).
     """
-    votes: dict[str, Counter] = {}
+    # Replies that look like the global model share one dtype map (the fast path of
+    # fast_reply_problem): count each distinct map once, with its number of replies.
+    distinct: dict[int, list] = {}
     for found in dtypes:
+        distinct.setdefault(id(found), [found, 0])[1] += 1
+    if len(distinct) == 1:
+        return dict(dtypes[0]) if dtypes else {}
+    votes: dict[str, Counter] = {}
+    for found, count in distinct.values():
         for name, dtype in found.items():
-            votes.setdefault(name, Counter())[dtype] += 1
+            votes.setdefault(name, Counter())[dtype] += count
     out: dict[str, np.dtype] = {}
     for name, counter in votes.items():
         best = max(counter.values())
@@ -185,6 +192,16 @@ class ModelHeaders:
         return (head is not None and isinstance(data, bytes) and len(data) == head[1]
                 and data.startswith(head[0]))
 
+    def all_same(self, tensors: Mapping[str, object]) -> bool:
+        """:meth:`same` for every array (one loop: this runs for every array of every reply)."""
+        heads = self._head
+        for name, data in tensors.items():
+            head = heads.get(name)
+            if (head is None or type(data) is not bytes or len(data) != head[1]
+                    or not data.startswith(head[0])):
+                return False
+        return True
+
 
 def fast_reply_problem(
     headers: ModelHeaders,
@@ -197,7 +214,7 @@ def fast_reply_problem(
     Returns ``(reason or None, name -> dtype)``. Only a reply with an array
     whose header differs from the global model's is parsed in full.
     """
-    if len(tensors) == len(headers.shape) and all(headers.same(n, d) for n, d in tensors.items()):
+    if len(tensors) == len(headers.shape) and headers.all_same(tensors):
         reason = None if num_examples is None else num_examples_problem(num_examples, weight_key)
         return reason, headers.dtype
     reason = reply_problem(headers.shape, tensors, num_examples, weight_key, finite=False)

@@ -101,22 +101,25 @@ class _LIPSMixin(LIPSAdapter):
         """
         replies = list(replies)
         usable = [msg for msg in replies if not msg.has_error()]
+        arrays_of: dict[int, dict] = {}  # each reply's name -> Array, read once
         if self._lips_previous is not None:
             headers = ModelHeaders({name: a.data for name, a in self._lips_previous.items()})
             weight_key = self._weight_key()
             dtypes: dict[int, Mapping[str, np.dtype]] = {}
 
             def problem(msg: Message) -> tuple[str, str | None]:
-                reason, dtypes[id(msg)] = train_problem(msg, headers, weight_key)
+                reason, dtypes[id(msg)], arrays_of[id(msg)] = train_problem(msg, headers, weight_key)
                 return _sender(msg), reason
 
             usable, _ = self._checked(usable, problem)
             usable = self._consistent(usable, arrays=True)
-            cast_replies(usable, [dtypes[id(msg)] for msg in usable], headers.dtype)
+            for cast in cast_replies(usable, [dtypes[id(msg)] for msg in usable], headers.dtype):
+                del arrays_of[cast]  # its record holds new Arrays now: snapshot it below
         inner = super().aggregate_train  # type: ignore[misc]
         # Some strategies consume the replies (FedMedian pops their arrays): a retry
         # after a non-finite aggregate needs them back.
-        contents = [(record, dict(record)) for msg in usable for _, record in records(msg, ArrayRecord)]
+        contents = [(record, arrays_of.get(id(msg)) or dict(record))
+                    for msg in usable for _, record in records(msg, ArrayRecord)]
         calls: list[int] = []
 
         def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
