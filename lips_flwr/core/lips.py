@@ -179,7 +179,8 @@ class LIPSCore:
         return {"tau": tau, "score": self.score, "seed": self.seed, "layers": layers}
 
     def round(
-        self, server_round: int, aggregate: Model | None, previous: Model | None
+        self, server_round: int, aggregate: Model | None, previous: Model | None,
+        *, aggregate_finite: bool = False,
     ) -> RoundOutcome:
         """Everything LIPS does with one round's aggregate, in one call.
 
@@ -194,6 +195,9 @@ class LIPSCore:
         previous : Mapping[str, np.ndarray] or None
             The global model the round started from: ``dw = aggregate - previous``
             for the sensitivity score.
+        aggregate_finite : bool (default: False)
+            The caller has checked that the aggregate holds no NaN/Inf (the
+            strategies do, on every round): skip that pass over the model.
 
         In server mode on a mask round (``tau(t) > 0``) the fraction ``tau(t)``
         of each selected layer with the lowest score is zeroed. An aggregate
@@ -226,7 +230,7 @@ class LIPSCore:
                     "dw; configure_train was not called before aggregate_train"
                 )
             updates = None
-            problem = _nonfinite_reason("the aggregate", aggregate)
+            problem = None if aggregate_finite else _nonfinite_reason("the aggregate", aggregate)
             if problem is None and self.score == "sensitivity":
                 assert previous is not None
                 updates = model_update(aggregate, previous, layers)

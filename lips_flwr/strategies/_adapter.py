@@ -211,7 +211,7 @@ class LIPSAdapter:
             aggregate, metrics = inner(replies)
             views = None if aggregate is None else self._aggregate_views(aggregate)
         previous = None if self._lips_previous is None else self._views(self._lips_previous)
-        outcome = self.core.round(server_round, views, previous)
+        outcome = self.core.round(server_round, views, previous, aggregate_finite=True)  # checked above
         if aggregate is None:  # nothing to mask, nothing to report: the global model stays
             self._log_round(server_round, outcome, client_reports)
             return aggregate, metrics, {}
