@@ -190,7 +190,8 @@ class LIPSAdapter:
         before = snapshot_caches(self)
         state = _chain_state(self)
         replies = list(replies)
-        if _irreversible(self):
+        irreversible = _irreversible(self)
+        if irreversible:
             # An aggregation with effects LIPS cannot undo (a privacy accountant composes a
             # release) must not see a bad reply at all: check each reply first, at its cost.
             while (found := culprit(replies)) is not None and found[1].startswith("NaN or Inf"):
@@ -199,12 +200,14 @@ class LIPSAdapter:
         views = None if aggregate is None else self._aggregate_views(aggregate)
         while views is not None and nonfinite_arrays(views):
             _restore_chain_state(state)
-            found = culprit(replies)
+            found = None if irreversible else culprit(replies)
             if found is None:
-                log(ERROR, "LIPS: round %d: the aggregate of %s has NaN or Inf in %s and no reply "
-                    "explains it; it is not broadcast, the global model stays as it was",
-                    server_round, _inner_name(self), nonfinite_arrays(views)[:5])
-                aggregate = views = None
+                why = ("a retry would compose its privacy release twice" if irreversible
+                       else "no reply explains it")
+                log(ERROR, "LIPS: round %d: the aggregate of %s has NaN or Inf in %s and %s; it is "
+                    "not broadcast, the global model stays as it was",
+                    server_round, _inner_name(self), nonfinite_arrays(views)[:5], why)
+                aggregate = views = metrics = None  # nor the metrics of that aggregate
                 break
             index, reason = found
             drop(replies.pop(index), reason)

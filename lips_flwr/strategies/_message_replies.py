@@ -97,7 +97,7 @@ def _signature(msg: Message, arrays: bool) -> tuple:
     """What replies must share to be aggregated together: record names, array names, metric kinds."""
     array_part: tuple = ()
     if arrays:
-        array_part = tuple((name, tuple(record.keys())) for name, record in records(msg, ArrayRecord))
+        array_part = tuple((name, tuple(sorted(record.keys()))) for name, record in records(msg, ArrayRecord))
     metric_part = tuple(
         (name, tuple(sorted((key, _kind(value)) for key, value in record.items())))
         for name, record in records(msg, MetricRecord)
@@ -112,8 +112,8 @@ def _kind(value: object) -> object:
 def consistent(replies: list[Message], arrays: bool) -> tuple[list[Message], dict[int, str]]:
     """The replies that share the most common signature, and why each other one differs.
 
-    Ties go to the signature of the reply of the lowest node id (replies come
-    sorted by node). Returns ``(kept, {index in replies: reason})``.
+    Ties go to the signature of the first reply that has one of the tied
+    signatures (replies in arrival order). Returns ``(kept, {index in replies: reason})``.
     """
     if len(replies) < 2:
         return replies, {}

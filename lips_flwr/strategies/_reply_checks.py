@@ -145,26 +145,33 @@ def common_dtypes(
     return out
 
 
-def culprit_among(models: Sequence[Mapping[str, np.ndarray]]) -> tuple[int, str] | None:
+def culprit_among(
+    models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[object] | None = None
+) -> tuple[int, str] | None:
     """The first model with NaN/Inf, else one whose values are large enough to overflow a sum.
 
-    A weighted mean of ``n`` finite values overflows only when one is above
-    ``max(dtype) / n`` or so; the largest such model is the culprit. Below
-    that, no model explains a non-finite aggregate: ``None``.
+    A sum of ``n`` finite terms overflows only when one is above ``max(dtype)
+    / n`` or so; a term is a value times its weight where the strategy
+    multiplies before it divides (legacy ``aggregate``: ``layer *
+    num_examples``). The model with the largest such term is the culprit.
+    Below that, no model explains a non-finite aggregate: ``None``.
     """
-    largest, where = 0.0, None
+    largest, peak_of, where = 0.0, 0.0, None
     for i, model in enumerate(models):
         bad = nonfinite_arrays(model)
         if bad:
             return i, f"NaN or Inf in arrays {bad[:5]}"
+        weight = weights[i] if weights is not None else 1.0
+        scale = max(1.0, float(weight)) if isinstance(weight, (int, float)) else 1.0
         for data in model.values():
             if data.dtype.kind == "f" and data.size:
                 peak = float(np.max(np.abs(data)))
-                if peak >= float(np.finfo(data.dtype).max) / (2 * len(models)) and peak > largest:
-                    largest, where = peak, i
+                term = peak * scale
+                if term >= float(np.finfo(data.dtype).max) / (2 * len(models)) and term > largest:
+                    largest, peak_of, where = term, peak, i
     if where is None:
         return None
-    return where, f"its values (up to {largest:.3g}) overflow the aggregate"
+    return where, f"its values (up to {peak_of:.3g}) overflow the aggregate"
 
 
 class ModelHeaders:

@@ -145,9 +145,23 @@ class _LegacyLIPSMixin(LIPSAdapter):
             self._log_drop(f"client {result[0].cid}", reason)
             failures.append(result)
 
+        # DP wrappers rebind a result's parameters (clipped): a retry needs them as they came.
+        saved = [(res, res.parameters, list(res.parameters.tensors)) for _, res in results]
+        calls: list[int] = []
+
+        def aggregate(kept: FitResults) -> tuple[Parameters | None, dict[str, Scalar]]:
+            if calls:  # a retry
+                _restore_results(saved)
+            calls.append(len(kept))
+            return inner(server_round, kept, failures)
+
+        def culprit(kept: FitResults) -> tuple[int, str] | None:
+            _restore_results(saved)
+            return culprit_among([self._views(res.parameters) for _, res in kept],
+                                 [res.num_examples for _, res in kept])
+
         parameters, metrics, lips_metrics = self._aggregate_round(
-            server_round, results, lambda kept: inner(server_round, kept, failures),
-            lambda kept: culprit_among([self._views(res.parameters) for _, res in kept]), drop,
+            server_round, results, aggregate, culprit, drop,
             lambda: sum("lips-client-zeros" in (res.metrics or {}) for _, res in results))
         if last:  # no configure_fit follows to save the final model
             model = parameters if parameters is not None else self._lips_previous
@@ -156,7 +170,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
                 if parameters is not None:
                     self._lips_keeper.report(lips_metrics)
         if parameters is None:
-            return parameters, metrics
+            return parameters, metrics if metrics is not None else {}
         return parameters, {**(metrics or {}), **lips_metrics}
 
     def _result_problem(
@@ -255,6 +269,13 @@ class _LegacyLIPSMixin(LIPSAdapter):
         if kind == "parameters":
             return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
         return super()._from_state(kind, arrays)
+
+
+def _restore_results(saved: list[tuple[FitRes, Parameters, list[bytes]]]) -> None:
+    """Put each result's parameters back as they came (a DP wrapper may have rebound them)."""
+    for res, parameters, tensors in saved:
+        res.parameters = parameters
+        parameters.tensors[:] = tensors
 
 
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):

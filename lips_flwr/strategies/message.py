@@ -118,18 +118,20 @@ class _LIPSMixin(LIPSAdapter):
         inner = super().aggregate_train  # type: ignore[misc]
         # Some strategies consume the replies (FedMedian pops their arrays): a retry
         # after a non-finite aggregate needs them back.
+        # DP wrappers rebind a reply's records (content[name] = clipped): keep the bindings too.
         contents = [(record, arrays_of.get(id(msg)) or dict(record))
                     for msg in usable for _, record in records(msg, ArrayRecord)]
+        bindings = [(msg.content, list(msg.content.items())) for msg in usable]
         calls: list[int] = []
 
         def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
             if calls:  # a retry
-                _restore(contents)
+                _restore(contents, bindings)
             calls.append(len(kept))
             return inner(server_round, in_arrival_order(replies, kept))
 
         def culprit(kept: list[Message]) -> tuple[int, str] | None:
-            _restore(contents)
+            _restore(contents, bindings)
             return nonfinite_culprit(kept)
 
         arrays, metrics, lips_metrics = self._aggregate_round(
@@ -203,7 +205,12 @@ class _LIPSMixin(LIPSAdapter):
         return numpy_to_record(arrays) if kind == "arrayrecord" else super()._from_state(kind, arrays)
 
 
-def _restore(contents: list[tuple[ArrayRecord, dict]]) -> None:
+def _restore(contents: list[tuple[ArrayRecord, dict]], bindings: list[tuple[Any, list]]) -> None:
+    """Put the replies back as they came: their records, and those records' arrays."""
+    for content, items in bindings:
+        for name, record in items:
+            if content.get(name) is not record:
+                content[name] = record
     for record, arrays in contents:
         record.clear()
         record.update(arrays)

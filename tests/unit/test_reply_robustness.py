@@ -234,3 +234,32 @@ def test_a_retry_restores_what_the_wrapped_strategy_cached():
     for name in model:
         np.testing.assert_array_equal(got[name], want[name])
         np.testing.assert_array_equal(got_cache[name], want_cache[name])
+
+
+def test_legacy_overflow_through_a_large_weight_is_blamed_on_that_result(caplog):
+    """Legacy FedAvg multiplies by num_examples before it divides: 1e33 x 1e6 overflows float32."""
+    model = tiny_model()
+    trained = [update(model, node, 1) for node in (1, 2, 3)]
+    trained[1]["fc.weight"] = np.full_like(trained[1]["fc.weight"], 1e33)
+    strategy = LegacyLIPS(LegacyFedAvg(inplace=False), param_names=NAMES, num_rounds=ROUNDS, tau0=0.0)
+    strategy.configure_fit(1, ndarrays_to_parameters(list(model.values())), client_manager(3))
+    counts = (10, 10**6, 10)
+    with caplog.at_level(logging.WARNING), np.errstate(over="ignore"):
+        new, _ = strategy.aggregate_fit(
+            1, [fit_result(m, n, cid=str(i + 1)) for i, (m, n) in enumerate(zip(trained, counts))], [])
+    got = params_to_model(new, NAMES)
+    assert all(np.isfinite(a).all() for a in got.values() if a.dtype.kind == "f")
+    assert "LIPS: ignoring reply from client 2: its values (up to 1e+33) overflow the aggregate" in caplog.text
+
+
+def test_a_reply_listing_its_arrays_in_another_order_is_kept(caplog):
+    model = tiny_model()
+    trained = [update(model, node, 1) for node in (1, 2, 3)]
+    trained[2] = dict(reversed(list(trained[2].items())))
+    strategy = LIPS(FedAvg(), num_rounds=ROUNDS, tau0=0.0)
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    with caplog.at_level(logging.WARNING):
+        new, _ = strategy.aggregate_train(1, [reply(m, 10, node_id=i + 1) for i, m in enumerate(trained)])
+    assert "ignoring reply" not in caplog.text
+    got = to_numpy(new)
+    np.testing.assert_allclose(got["fc.weight"], sum(m["fc.weight"] for m in trained) / 3, rtol=1e-5)
