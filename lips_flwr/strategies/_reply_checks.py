@@ -193,14 +193,11 @@ class ModelHeaders:
             self.shape[name], self.dtype[name] = tuple(array.shape), array.dtype
             self._head[name] = (bytes(data[: len(data) - array.nbytes]), len(data))
 
-    def same(self, name: str, data: object) -> bool:
-        """Whether ``data`` is an ``.npy`` of the global model's dtype and shape for ``name``."""
-        head = self._head.get(name)
-        return (head is not None and isinstance(data, bytes) and len(data) == head[1]
-                and data.startswith(head[0]))
-
     def all_same(self, tensors: Mapping[str, object]) -> bool:
-        """:meth:`same` for every array (one loop: this runs for every array of every reply)."""
+        """Whether every array is an ``.npy`` of the global model's dtype and shape for its name.
+
+        One loop, no method call per array: this runs for every array of every reply.
+        """
         heads = self._head
         for name, data in tensors.items():
             head = heads.get(name)
