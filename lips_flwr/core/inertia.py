@@ -30,6 +30,23 @@ def update_norms(updates: Mapping[str, np.ndarray]) -> dict[str, float]:
     }
 
 
+def relative_steps(
+    current: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray], names: Iterable[str]
+) -> dict[str, float]:
+    """Per-layer relative step ``||current - start|| / ||start||``, in float64; 0 when ``||start|| = 0``.
+
+    ``current`` is a round's (unmasked) aggregate, ``start`` the model the
+    round started from (the previous round's broadcast model).
+    """
+    steps = {}
+    for name in names:
+        before = np.asarray(start[name], dtype=np.float64).reshape(-1)
+        after = np.asarray(current[name], dtype=np.float64).reshape(-1)
+        size = float(np.linalg.norm(before))
+        steps[name] = float(np.linalg.norm(after - before)) / size if size > 0 else 0.0
+    return steps
+
+
 class InertiaTracker:
     """Per-round, per-layer inertia metrics of the global model.
 
@@ -38,7 +55,9 @@ class InertiaTracker:
     reference round ``t0`` (the paper's Figure 1: middle layers staying above
     ~0.95 is the inertia signature), the cosine similarity to the previous
     round's model, and the norm of the round's change. Holds two models (the
-    reference and the previous one); O(model size) per round.
+    reference and the previous one); O(model size) per round. The relative
+    step against the model the round started from (``inertia-rel-step``)
+    needs that model, which the tracker does not hold: :func:`relative_steps`.
 
     Parameters
     ----------
@@ -85,4 +104,4 @@ class InertiaTracker:
         self.previous = None if state["previous"] is None else dict(state["previous"])
 
 
-__all__ = ["InertiaTracker", "cosine_similarity", "layer_similarities", "update_norms"]
+__all__ = ["InertiaTracker", "cosine_similarity", "layer_similarities", "relative_steps", "update_norms"]

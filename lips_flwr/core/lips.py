@@ -20,17 +20,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .checks import nonfinite_arrays
-from .inertia import InertiaTracker, update_norms
+from .inertia import InertiaTracker, relative_steps, update_norms
 from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import mask_layers, model_update
 from .schedule import MaskSchedule
 from .scores import validate_score
+from .trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger, TriggerDecision, validate_trigger
 
 MODES = ("server", "client")
 OPTIONS = (
     "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
     "inertia_t0",
 )
+# The inertia trigger's options (beyond the paper; lips_flwr.core.trigger).
+TRIGGER_OPTIONS = ("trigger", "trigger_window", "trigger_factor")
 
 Model = Mapping[str, np.ndarray]
 
@@ -53,6 +56,10 @@ class RoundOutcome:
     metrics : dict
         The round's ``lips-*`` (and, with ``inertia_t0``, ``inertia-*``)
         metrics; empty when there was no aggregate.
+    decision : TriggerDecision or None
+        With ``trigger="inertia"``, on a mask round: which layers stagnate
+        (in server mode the layers masked; in client mode those the clients
+        were told to mask).
     problem : str or None
         Why a mask round masked nothing although it should have: no
         aggregate, or NaN/Inf in the aggregate or its update.
@@ -62,6 +69,7 @@ class RoundOutcome:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
     metrics: dict[str, int | float] = field(default_factory=dict)
     problem: str | None = None
+    decision: TriggerDecision | None = None
 
 
 class LIPSCore:
@@ -70,8 +78,10 @@ class LIPSCore:
     The options are those of the strategies, documented once in the README's
     Options table: ``num_rounds`` (``T``; may come later through
     :meth:`set_num_rounds`), ``tau0``, ``every``, ``start_round``, ``decay``,
-    ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``. Each invalid
-    value raises ``ValueError`` naming the argument and its allowed range.
+    ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, and the inertia
+    trigger's ``trigger``, ``trigger_window``, ``trigger_factor``
+    (:mod:`.trigger`). Each invalid value raises ``ValueError`` naming the
+    argument and its allowed range.
     """
 
     def __init__(
@@ -87,6 +97,9 @@ class LIPSCore:
         mode: str = "server",
         seed: int = 0,
         inertia_t0: int | None = None,
+        trigger: str = "schedule",
+        trigger_window: int = DEFAULT_WINDOW,
+        trigger_factor: float = DEFAULT_FACTOR,
     ) -> None:
         # Validate everything up front, even when num_rounds comes later.
         if num_rounds is None:  # validate the rest now; T comes with start()
@@ -113,6 +126,11 @@ class LIPSCore:
                 isinstance(inertia_t0, bool) or not isinstance(inertia_t0, int) or inertia_t0 < 1):
             raise ValueError(f"`inertia_t0` must be None or an integer >= 1, got {inertia_t0!r}")
         self.inertia = None if inertia_t0 is None else InertiaTracker(inertia_t0)
+        self.trigger, self.trigger_window, self.trigger_factor = validate_trigger(
+            trigger, trigger_window, trigger_factor)
+        # The series of relative steps the inertia trigger decides on; None: the paper's schedule.
+        self.inertia_trigger = None if self.trigger == "schedule" else InertiaTrigger(
+            self.trigger_window, self.trigger_factor, self.every)
         self._schedule: MaskSchedule | None = None
         if num_rounds is not None:
             self.set_num_rounds(num_rounds)
@@ -174,9 +192,26 @@ class LIPSCore:
         tau = self.schedule.tau(server_round)
         if tau <= 0.0:
             return {"tau": tau}
+        names = self.layer_names(model)
+        if self.inertia_trigger is not None:
+            names = self._trigger_decision(server_round, model).stagnant
+            if not names:  # no layer stagnates: the clients train as without LIPS
+                return {"tau": 0.0}
         position = {name: i for i, name in enumerate(model)}
-        layers = [position[n] for n in self.layer_names(model)]
+        layers = [position[n] for n in names]
         return {"tau": tau, "score": self.score, "seed": self.seed, "layers": layers}
+
+    def _trigger_decision(self, server_round: int, model: Model) -> TriggerDecision:
+        """The inertia trigger's decision for a mask round (same state: same decision).
+
+        Server mode decides after the round's aggregate, on the steps up to
+        ``server_round``; client mode before it (the decision goes out with
+        the train config), on the steps up to ``server_round - 1``.
+        """
+        assert self.inertia_trigger is not None
+        last = server_round if self.mode == "server" else server_round - 1
+        return self.inertia_trigger.decide(
+            server_round, last, candidate_names(model), self.layer_names(model))
 
     def round(
         self, server_round: int, aggregate: Model | None, previous: Model | None,
@@ -207,7 +242,12 @@ class LIPSCore:
         and the reason in :attr:`RoundOutcome.problem`. Inertia (with
         ``inertia_t0``) is observed on the *unmasked* aggregate; on a mask
         round ``lips-mask-change/<layer>`` then reports apart how far the mask
-        moved each layer (``||masked - aggregate|| / ||aggregate||``).
+        moved each layer (``||masked - aggregate|| / ||aggregate||``), and
+        ``inertia-rel-step/<layer>`` the aggregate's relative step from
+        ``previous``. With ``trigger="inertia"`` a mask round masks (server
+        mode) or reports as sent to clients (client mode) only the layers that
+        stagnate (:mod:`.trigger`); the round's relative steps feed the
+        trigger's series.
         """
         start = time.perf_counter()
         tau = self.schedule.tau(server_round)
@@ -222,13 +262,21 @@ class LIPSCore:
         }
         outcome = RoundOutcome(metrics=metrics)
         zeros: dict[str, int] = {}
-        if on_server:
-            layers = self.layer_names(aggregate)
-            if self.score == "sensitivity" and previous is None:
-                raise RuntimeError(
-                    "LIPS needs the previous global model to compute the update "
-                    "dw; configure_train was not called before aggregate_train"
-                )
+        steps = None
+        if (self.inertia is not None or self.inertia_trigger is not None) and previous is not None:
+            steps = relative_steps(aggregate, previous, [
+                n for n in candidate_names(aggregate)
+                if n in previous and np.shape(previous[n]) == np.shape(aggregate[n])])
+        if self.inertia_trigger is not None:
+            outcome.decision = self._trigger_round(server_round, aggregate, steps, tau)
+        if on_server and self.score == "sensitivity" and previous is None:
+            raise RuntimeError(
+                "LIPS needs the previous global model to compute the update "
+                "dw; configure_train was not called before aggregate_train"
+            )
+        # With the trigger, a mask round where no layer stagnates broadcasts the aggregate as it is.
+        if on_server and (outcome.decision is None or outcome.decision.stagnant):
+            layers = self.layer_names(aggregate) if outcome.decision is None else outcome.decision.stagnant
             updates = None
             problem = None if aggregate_finite else _nonfinite_reason("the aggregate", aggregate)
             if problem is None and self.score == "sensitivity":
@@ -247,15 +295,46 @@ class LIPSCore:
                 metrics["lips-mask-round"] = 0
                 metrics["lips-skipped"] = 1
                 outcome.problem = problem
+        if on_server and self.inertia_trigger is not None:
+            self.inertia_trigger.note_mask(server_round, zeros)
         metrics["lips-zeros"] = int(sum(zeros.values()))
         metrics["lips-layers-masked"] = len(zeros)
         metrics.update({f"lips-zeros/{name}": int(z) for name, z in zeros.items()})
         if self.inertia is not None:
             metrics.update(self.inertia.update(server_round, aggregate, candidate_names(aggregate)))
+            if steps is not None:
+                metrics.update({f"inertia-rel-step/{n}": v for n, v in steps.items()})
             if outcome.model is not None:
                 metrics.update(_mask_change(aggregate, outcome.model, outcome.masks))
+        if outcome.decision is not None:
+            metrics.update(outcome.decision.metrics())
         metrics["lips-seconds"] = time.perf_counter() - start
         return outcome
+
+    def _trigger_round(
+        self, server_round: int, aggregate: Model, steps: Mapping[str, float] | None, tau: float
+    ) -> TriggerDecision | None:
+        """Feed the round's relative steps to the trigger; its decision on a mask round, else ``None``.
+
+        A step measured from a model in which the layer was masked is left
+        out: in server mode the first step recorded after a mask round (the
+        round after it, unless that round had no aggregate), in client mode
+        the step of the mask round itself (clients trained from their masked
+        copy).
+        """
+        trigger = self.inertia_trigger
+        assert trigger is not None
+        if self.mode == "client":  # decided before the aggregate: what client_plan sent
+            decision = self._trigger_decision(server_round, aggregate) if tau > 0.0 else None
+            masked = [] if decision is None else decision.stagnant
+            if steps is not None:
+                trigger.record(server_round, steps, exclude=masked)
+            if decision is not None:
+                trigger.note_mask(server_round, masked)
+            return decision
+        if steps is not None:
+            trigger.record(server_round, steps, exclude=trigger.unmeasured_mask())
+        return self._trigger_decision(server_round, aggregate) if tau > 0.0 else None
 
     # -------------------------------------------------------------------- state
     def settings(self) -> dict:
@@ -269,17 +348,38 @@ class LIPSCore:
             "layers": layers if isinstance(layers, str) else list(layers),
             "mode": self.mode, "seed": self.seed,
             "inertia_t0": None if self.inertia is None else self.inertia.t0,
+            # Only with the trigger: a checkpoint of the paper's schedule keeps the settings
+            # it had before the trigger existed (and resumes with or without this version).
+            **({} if self.inertia_trigger is None else {
+                "trigger": self.trigger, "trigger_window": self.trigger_window,
+                "trigger_factor": self.trigger_factor}),
         }
 
     def state(self) -> dict:
-        """What a resumed run needs to continue: ``{"layers": [...] | None, "inertia": {...} | None}``."""
+        """What a resumed run needs to continue.
+
+        ``{"layers": [...] | None, "inertia": {...} | None, "trigger": {...} | None}``;
+        the trigger's part is JSON-able (:meth:`.trigger.InertiaTrigger.state`).
+        """
         return {
             "layers": None if self._layer_cache is None else list(self._layer_cache[1]),
             "inertia": None if self.inertia is None else self.inertia.state(),
+            "trigger": None if self.inertia_trigger is None else self.inertia_trigger.state(),
         }
 
-    def load_state(self, state: Mapping, model: Model) -> None:
-        """Continue from :meth:`state` saved with the global model ``model``."""
+    def load_state(self, state: Mapping, model: Model, server_round: int | None = None) -> None:
+        """Continue from :meth:`state` saved with the global model ``model`` (after ``server_round``).
+
+        Raises ``ValueError`` when the trigger's state does not fit this
+        core's settings or the model's weight layers, or is missing while
+        ``trigger="inertia"``.
+        """
+        if self.inertia_trigger is not None:
+            saved = state.get("trigger")
+            if saved is None:
+                raise ValueError("the saved state has no inertia-trigger series, which "
+                                 "trigger='inertia' needs to continue")
+            self.inertia_trigger.load_state(saved, candidate_names(model), server_round)
         if state.get("layers") is not None:
             signature = tuple((n, np.shape(a)) for n, a in model.items())
             self._layer_cache = (signature, list(state["layers"]))
@@ -301,6 +401,9 @@ class LIPSCore:
             ("Layers", layers),
             ("Seed", self.seed),
             ("Inertia metrics", "off" if self.inertia is None else f"t0={self.inertia.t0}"),
+            *([] if self.inertia_trigger is None else [
+                ("Trigger", f"inertia (window={self.trigger_window}, factor={self.trigger_factor}): "
+                            f"masks stagnating layers from round {self.inertia_trigger.first_round}")]),
         ]
 
 
@@ -317,4 +420,4 @@ def _mask_change(aggregate: Model, masked: Model, masks: Mapping[str, np.ndarray
     return {f"lips-mask-change/{n}": removed[n] / sizes[n] if sizes[n] > 0 else 0.0 for n in masks}
 
 
-__all__ = ["LIPSCore", "MODES", "OPTIONS", "RoundOutcome"]
+__all__ = ["LIPSCore", "MODES", "OPTIONS", "RoundOutcome", "TRIGGER_OPTIONS"]

@@ -8,8 +8,9 @@ A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
 * ``model``: the global model broadcast after round ``r``. It is where round
   ``r + 1`` starts and the "previous global model" its update ``dw`` is taken
   against, so the resumed schedule masks what the uninterrupted one would;
-* the LIPS core's state: the layers chosen on the first model and the
-  inertia tracker's reference and previous models;
+* the LIPS core's state: the layers chosen on the first model, the
+  inertia tracker's reference and previous models, and (``trigger="inertia"``)
+  the inertia trigger's series of relative steps and last mask (JSON);
 * ``strategy``: model-shaped state of the wrapped strategies (FedAvgM's
   momentum and model copy, FedAdam's moments), keyed by position in the
   chain of wrappers and attribute name;
@@ -98,6 +99,8 @@ class Checkpoint:
     unshaped_state: list[str] = field(default_factory=list)
     # What loading found wrong but not fatal (a missing history file): the strategy logs it.
     notes: list[str] = field(default_factory=list)
+    # The inertia trigger's series (JSON-able, LIPSCore.state()["trigger"]); None: the schedule.
+    trigger: dict[str, Any] | None = None
 
 
 def python_random_state() -> list:
@@ -150,6 +153,8 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         "numpy_random": None, "identity": checkpoint.identity,
         "unshaped_state": list(checkpoint.unshaped_state),
     }
+    if checkpoint.trigger is not None:  # absent for the paper's schedule: those files stay as they were
+        meta["trigger"] = checkpoint.trigger
     if checkpoint.numpy_random is not None:
         name, keys, pos, has_gauss, cached = checkpoint.numpy_random
         groups["numpy-random"] = {"keys": np.asarray(keys, dtype=np.uint32)}
@@ -261,6 +266,9 @@ def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Ch
     identity = meta.get("identity")
     if identity is not None:
         check_identity(identity, model)
+    trigger = meta.get("trigger")
+    if trigger is not None and not isinstance(trigger, dict):  # its contents: check_trigger_state on resume
+        raise ValueError("malformed inertia-trigger state")
     unshaped = meta.get("unshaped_state", [])
     if not (isinstance(unshaped, list) and all(isinstance(k, str) for k in unshaped)):
         raise ValueError("malformed list of unshaped state")
@@ -280,6 +288,7 @@ def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Ch
         numpy_random=numpy_random,
         identity=identity,
         unshaped_state=unshaped,
+        trigger=trigger,
     )
 def existing_checkpoint(path: str | os.PathLike) -> dict | None:
     """The metadata of the LIPS checkpoint at ``path``, ``None`` when there is no file.

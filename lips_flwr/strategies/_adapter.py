@@ -29,13 +29,14 @@ from flwr.common import log
 
 from ..core.checks import nonfinite_arrays
 from ..core.layers import LayerSpec
-from ..core.lips import OPTIONS, LIPSCore, RoundOutcome
+from ..core.lips import OPTIONS, TRIGGER_OPTIONS, LIPSCore, RoundOutcome
 from ..protocol import evaluate_config, train_config
 from ._cache_sync import snapshot_caches, strategy_chain, sync_cached_models
 from ._checkpointing import CheckpointKeeper
 from ._strategy_state import ndarray_state, ndarray_value
 
 CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
+CORE_OPTIONS = (*OPTIONS, *TRIGGER_OPTIONS)  # what LIPSCore takes
 Model = dict[str, np.ndarray]
 Reply = TypeVar("Reply")
 
@@ -57,13 +58,16 @@ class LIPSOptions(TypedDict, total=False):
     mode: str
     seed: int
     inertia_t0: int | None
+    trigger: str
+    trigger_window: int
+    trigger_factor: float
     checkpoint_path: str | os.PathLike[str] | None
     resume: bool | str
 
 
 def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Take the LIPS options out of ``kwargs`` (the FedAvg subclasses pass the rest to FedAvg)."""
-    return {k: kwargs.pop(k) for k in (*OPTIONS, *CHECKPOINT_OPTIONS) if k in kwargs}
+    return {k: kwargs.pop(k) for k in (*CORE_OPTIONS, *CHECKPOINT_OPTIONS) if k in kwargs}
 
 
 class LIPSAdapter:
@@ -83,11 +87,11 @@ class LIPSAdapter:
 
     # ------------------------------------------------------------ construction
     def _init_lips(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - {*OPTIONS, *CHECKPOINT_OPTIONS})
+        unknown = sorted(set(options) - {*CORE_OPTIONS, *CHECKPOINT_OPTIONS})
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {unknown}; "
-                            f"the LIPS options are {[*OPTIONS, *CHECKPOINT_OPTIONS]}")
-        self.core = LIPSCore(**{k: v for k, v in options.items() if k in OPTIONS})
+                            f"the LIPS options are {[*CORE_OPTIONS, *CHECKPOINT_OPTIONS]}")
+        self.core = LIPSCore(**{k: v for k, v in options.items() if k in CORE_OPTIONS})
         self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False))
 
     @property
@@ -237,6 +241,17 @@ class LIPSAdapter:
         metrics = outcome.metrics
         if not metrics.get("lips-mask-round"):
             return
+        decision = outcome.decision
+        if decision is not None:  # trigger="inertia": which layers stagnate, if any
+            if decision.stagnant:
+                found = f"{len(decision.stagnant)} stagnating layers {decision.stagnant}"
+            elif decision.ready:
+                found = "no layer stagnates, nothing masked"
+            else:
+                found = f"no baseline before round {self.core.trigger_window + 2}, nothing masked"
+            log(INFO, "LIPS: round %d: inertia trigger: %s", server_round, found)
+            if not decision.stagnant:
+                return
         if self.core.mode == "client":
             log(INFO, "LIPS: round %d asks clients to mask (tau=%.4f)", server_round, metrics["lips-tau"])
             if client_reports() == 0:

@@ -1,7 +1,7 @@
 """Checkpoint and resume, as both adapters do it after their own conversions.
 
 The checkpoint is assembled here: the core's settings and plain-data state
-(layer choice, inertia series: :meth:`LIPSCore.state`), the run key, the
+(layer choice, inertia series, inertia trigger's series: :meth:`LIPSCore.state`), the run key, the
 wrapped strategies' state (:mod:`._strategy_state`) and the RNGs' state; the
 file format is :mod:`lips_flwr.persistence.checkpoint`'s. On resume the
 checkpoint is checked against the live settings, the run's initial model and
@@ -21,6 +21,7 @@ from flwr.common import log
 
 from ..core.layers import candidate_names, select_layers
 from ..core.lips import LIPSCore
+from ..core.trigger import check_trigger_state
 from ..persistence.checkpoint import (
     Checkpoint,
     check_writable,
@@ -243,6 +244,7 @@ def checkpoint_of(
     return Checkpoint(
         round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
         model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
+        trigger=state["trigger"],
     )
 
 
@@ -252,13 +254,13 @@ def run_identity(model: Mapping[str, np.ndarray], settings: dict, num_rounds: in
 
 
 def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """Take the schedule position, layer choice and inertia series of ``checkpoint``.
+    """Take the schedule position, layer choice, inertia series and trigger series of ``checkpoint``.
 
     Raises ``ValueError`` naming every difference when the checkpoint was
     written with other hyperparameters or another ``num_rounds``: it would
     not continue the same schedule; and naming what does not fit when its
     layer choice is not what ``core``'s ``layers`` selects on its model, or
-    its inertia series does not fit its model.
+    its inertia series or inertia trigger's series does not fit its model.
     """
     problems = settings_mismatch(checkpoint.settings, core.settings())
     if core.num_rounds is not None and checkpoint.num_rounds != core.num_rounds:
@@ -273,12 +275,24 @@ def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
     check_core_state(core, checkpoint)
     if core.num_rounds is None:
         core.set_num_rounds(checkpoint.num_rounds)
-    core.load_state({"layers": checkpoint.layers, "inertia": checkpoint.inertia}, checkpoint.model)
+    core.load_state({"layers": checkpoint.layers, "inertia": checkpoint.inertia,
+                     "trigger": checkpoint.trigger}, checkpoint.model, checkpoint.round)
 
 
 def check_core_state(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """``ValueError`` unless the checkpoint's layer choice and inertia series fit its model and ``core``."""
+    """``ValueError`` unless the checkpoint's layer choice, inertia series and trigger series fit
+    its model and ``core``."""
     model = checkpoint.model
+    if core.inertia_trigger is not None:
+        if checkpoint.trigger is None:
+            raise ValueError("the checkpoint has no inertia-trigger series, which trigger='inertia' "
+                             "needs to continue: the checkpoint is damaged")
+        try:
+            check_trigger_state(checkpoint.trigger, core.inertia_trigger.window, core.inertia_trigger.every,
+                                candidate_names(model), checkpoint.round)
+        except ValueError as err:
+            raise ValueError(f"the checkpoint's inertia-trigger series does not fit its model and "
+                             f"settings: {err}") from err
     if checkpoint.layers is not None:
         missing = [n for n in checkpoint.layers if n not in model]
         if missing:

@@ -292,10 +292,11 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         count. Needed for name-based ``layers``; the default rule uses shapes.
     **options
         Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
-        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``checkpoint_path``,
-        ``resume``; the README's Options table is the one list of them.
-        ``num_rounds`` is required: the ``ServerConfig``'s. The checkpoint is
-        read in the constructor; after a resume run
+        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
+        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
+        the README's Options table is the one list of them. ``num_rounds`` is
+        required: the ``ServerConfig``'s. The checkpoint is read in the
+        constructor; after a resume run
         ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's loop counts
         from 1; LIPS passes the schedule's round on to the wrapped strategy).
     """

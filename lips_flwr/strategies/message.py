@@ -248,10 +248,11 @@ class LIPS(_LIPSMixin, MessageWrapper):
         FedAvgM, the DP wrappers, ...).
     **options
         Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
-        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``checkpoint_path``,
-        ``resume``; the README's Options table is the one list of their
-        meanings, defaults and allowed values. ``num_rounds`` defaults to the
-        one given to ``start()``.
+        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
+        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
+        the README's Options table is the one list of their meanings, defaults
+        and allowed values. ``num_rounds`` defaults to the one given to
+        ``start()``.
     """
 
     def __init__(self, strategy: Strategy, **options: Unpack[LIPSOptions]) -> None:

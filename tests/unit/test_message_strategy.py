@@ -328,9 +328,12 @@ def test_zero_dimensional_arrays_keep_their_shape_through_the_cache_sync(caplog)
 
 def test_inertia_metrics_per_round_and_layer():
     history = run_rounds(LIPS(FedAvg(), num_rounds=NUM_ROUNDS, inertia_t0=2), num_rounds=4)
-    assert not any(k.startswith("inertia-") for k in history[0][2])  # round 1: nothing to compare
-    m3 = history[2][2]
     layers = ["conv1.weight", *MIDDLE, "fc.weight"]
+    # Round 1: no earlier aggregate to compare; only the relative step from the initial model.
+    assert not any(k.startswith("inertia-") and not k.startswith("inertia-rel-step/") for k in history[0][2])
+    assert sorted(k for k in history[0][2] if k.startswith("inertia-rel-step/")) == sorted(
+        f"inertia-rel-step/{n}" for n in layers)
+    m3 = history[2][2]
     assert sorted(k for k in m3 if k.startswith("inertia-cos-t0/")) == sorted(
         f"inertia-cos-t0/{n}" for n in layers)
     after2, after3 = history[1][1], history[2][1]
