@@ -86,7 +86,7 @@ test-lowest:
 
 main: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/paper/run_grid.py \
-	  examples/paper/conf/fashion-mnist-quick.toml --algorithms fedbn,lips --seeds 0
+	  examples/paper/conf/fashion-mnist-quick.toml --algorithms fedbn,lips --seeds 0 --engine flwr
 
 clean:
 	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist build

@@ -21,6 +21,7 @@ difference to FedBN on the same seeds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -117,6 +118,47 @@ def run_one(flower, conf: dict, federation: str, algorithm: str, seed: int, resu
     print(f"{tag} done in {time.monotonic() - start:.0f}s", flush=True)
 
 
+def run_one_batched(conf: dict, nodes: int, algorithm: str, seed: int, results: Path, engine: str = "auto",
+                    chunk_size: int | None = None, name: str | None = None) -> None:
+    """:func:`run_one` on the batched Grid, in this process; ``SystemExit`` (non-zero) if it failed."""
+    from batched import run_paper
+
+    values = {**conf, "algorithm": algorithm, "seed": seed, "results-path": str(results)}
+    tag = f"[{name or results.parent.name} {algorithm} seed {seed}]"
+    start = time.monotonic()
+    print(f"{tag} started (batched, {engine})", flush=True)
+    error = run_paper(values, nodes, engine, chunk_size)
+    rounds = conf.get("num-server-rounds")
+    problem = results_problem(results, int(rounds) if rounds is not None else None)
+    if problem is not None:
+        detail = f"the first client error:\n{error}" if error else "no client raised"
+        raise SystemExit(f"{tag} failed: {problem}; {detail}")
+    print(f"{tag} done in {time.monotonic() - start:.0f}s", flush=True)
+
+
+def run_many_batched(tasks: list[dict], jobs: int) -> None:
+    """:func:`run_one_batched` for each task (its keyword arguments), ``jobs`` at a time in worker processes.
+
+    Each worker process is fresh (``spawn``): a ClientApp sets process-wide
+    torch settings (one thread, deterministic kernels) at import. The first
+    failure stops the grid (``SystemExit``) once the running tasks end.
+    """
+    if jobs <= 1:
+        for task in tasks:
+            run_one_batched(**task)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one_batched, **task) for task in tasks]
+        for future in concurrent.futures.as_completed(futures):
+            if future.exception() is not None:
+                for other in futures:
+                    other.cancel()
+                raise future.exception()  # type: ignore[misc]
+
+
 def commit(staging: Path, folder: Path) -> None:
     """Replace ``folder``'s results by the finished grid's in ``staging`` (one ``os.replace`` each).
 
@@ -169,6 +211,14 @@ def main() -> None:
     parser.add_argument("--num-supernodes", type=int, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "paper")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--engine", choices=("flwr", "batched"), default="batched",
+                        help="flwr: `flwr run` (Ray); batched: the batched Grid in this process (default)")
+    parser.add_argument("--batched-engine", choices=("auto", "sequential", "stacked"), default="auto",
+                        help="with --engine batched: clients one after another, or stacked (default: "
+                             "stacked on CUDA, else sequential)")
+    parser.add_argument("--jobs", type=int, default=1, help="with --engine batched: runs at once")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="with --engine batched: the most clients trained at once")
     args = parser.parse_args()
     # A terminated grid must still stop its SuperLink (the `with` below does on SystemExit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -178,8 +228,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     staged: list[tuple[Path, Path]] = []  # (staging, results folder) per conf
     try:
-        # examples/paper on PYTHONPATH: Ray workers on other machines import the ClientApp from there.
-        with local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(APP)], cwd=ROOT) as flower:
+        with contextlib.ExitStack() as stack:
+            flower = None
+            if args.engine == "flwr":
+                # examples/paper on PYTHONPATH: Ray workers on other machines import the ClientApp from there.
+                flower = stack.enter_context(local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(APP)],
+                                                          cwd=ROOT))
+            tasks = []
             for conf_path in args.confs:
                 conf = tomllib.loads(conf_path.read_text())
                 nodes = args.num_supernodes or conf.pop("federation", {}).get("num-supernodes", 10)
@@ -196,8 +251,14 @@ def main() -> None:
                         if str(conf.get("resume", "no")).lower() not in ("no", "false") \
                                 and (folder / name).is_file():
                             shutil.copy2(folder / name, staging / name)  # a resumed run keeps its rounds
-                        run_one(flower, conf, federation, algorithm, seed, staging / name, args.timeout,
-                                name=conf_path.stem)
+                        if flower is not None:
+                            run_one(flower, conf, federation, algorithm, seed, staging / name, args.timeout,
+                                    name=conf_path.stem)
+                        else:
+                            tasks.append(dict(conf=conf, nodes=nodes, algorithm=algorithm, seed=seed,
+                                              results=staging / name, engine=args.batched_engine,
+                                              chunk_size=args.chunk_size, name=conf_path.stem))
+            run_many_batched(tasks, args.jobs)
         for staging, folder in staged:  # every run finished: now, and only now, replace the results
             commit(staging, folder)
     finally:

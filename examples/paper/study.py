@@ -19,6 +19,7 @@ Results: ``<out>/select/*.json``, ``<out>/eval/*.json``, ``<out>/selected.json``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -30,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy, plot_heatmap  # noqa: E402
-from run_grid import ROOT, run_one, table  # noqa: E402
+from run_grid import ROOT, run_one, run_one_batched, table  # noqa: E402
 
 from lips_flwr.experiments.local_flower import local_flower  # noqa: E402
 
@@ -59,7 +60,7 @@ def tag(setting: dict) -> str:
 
 
 def run_into(flower, conf: dict, federation: str, method: str, seed: int, results: Path,
-             timeout: float) -> None:
+             timeout: float, nodes: int = 10, engine: str = "auto") -> None:
     """:func:`run_one`, whose results become ``results`` only if the run succeeded.
 
     The study skips runs whose results exist: a run that failed or was stopped
@@ -67,7 +68,10 @@ def run_into(flower, conf: dict, federation: str, method: str, seed: int, result
     """
     partial = results.with_name(f".{results.name}.partial")
     try:
-        run_one(flower, conf, federation, method, seed, partial, timeout, name=results.parent.name)
+        if flower is None:  # the batched Grid, in this process
+            run_one_batched(conf, nodes, method, seed, partial, engine, name=results.parent.name)
+        else:
+            run_one(flower, conf, federation, method, seed, partial, timeout, name=results.parent.name)
         os.replace(partial, results)
     finally:
         partial.unlink(missing_ok=True)
@@ -81,6 +85,8 @@ def main() -> None:
     parser.add_argument("--select-seed", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--report-only", action="store_true", help="only rebuild table and figures")
+    parser.add_argument("--engine", choices=("flwr", "batched"), default="batched",
+                        help="flwr: `flwr run` (Ray); batched: the batched Grid in this process (default)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out.resolve()
@@ -92,8 +98,9 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
 
     if not args.report_only:
-        with local_flower(out / ".flwr_home", pythonpath=[str(ROOT), str(Path(__file__).parent)],
-                          cwd=ROOT) as flower:
+        with contextlib.ExitStack() as stack:
+            flower = None if args.engine == "batched" else stack.enter_context(local_flower(
+                out / ".flwr_home", pythonpath=[str(ROOT), str(Path(__file__).parent)], cwd=ROOT))
             selected = {}
             for method, settings in GRID.items():
                 scores = []
@@ -101,7 +108,7 @@ def main() -> None:
                     results = select_dir / f"{method}-{tag(setting)}.json"
                     if not results.exists():
                         run_into(flower, {**conf, **setting}, federation, method, args.select_seed,
-                                 results, args.timeout)
+                                 results, args.timeout, nodes)
                     scores.append((validation_score(results), setting))
                 best = max(scores, key=lambda s: s[0])
                 selected[method] = {"setting": best[1], "validation": {tag(s): v for v, s in scores}}
@@ -114,7 +121,8 @@ def main() -> None:
                     setting = selected.get(method, {}).get("setting", {})
                     results = eval_dir / f"{method}-seed{seed}.json"
                     if not results.exists():
-                        run_into(flower, {**conf, **setting}, federation, method, seed, results, args.timeout)
+                        run_into(flower, {**conf, **setting}, federation, method, seed, results, args.timeout,
+                                 nodes)
 
     text = table(eval_dir)
     selected = json.loads((out / "selected.json").read_text())

@@ -2,6 +2,9 @@
 
 :mod:`.data` (the paper's low-data Dirichlet split and dataset loaders),
 :mod:`.models` (VGG6, ResNet8/10, small CNNs), :mod:`.training` (train and
-evaluate loops), :mod:`.results` (atomic JSON results files) and
-:mod:`.local_flower` (``flwr run`` on a private local SuperLink, stopped by pid).
+evaluate loops), :mod:`.results` (atomic JSON results files),
+:mod:`.local_flower` (``flwr run`` on a private local SuperLink, stopped by pid),
+and the batched simulation: :mod:`.batched_grid` (a Flower ``Grid`` that runs
+a round's clients in this process), :mod:`.rendezvous` and
+:mod:`.stacked_training` (many clients trained at once, their models stacked).
 """

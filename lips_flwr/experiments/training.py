@@ -8,6 +8,10 @@ that device, once per sample per epoch.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -111,6 +115,48 @@ def evaluate(net: nn.Module, data) -> tuple[float, float]:
     return evaluate_tensors(net, *data.tensors)
 
 
+class LocalCompute(Protocol):
+    """Where a client's training and evaluation run: the signatures of the two loops above.
+
+    A ClientApp that calls :func:`local_compute` instead of the loops directly
+    lets an engine that holds many clients at once (the batched Grid) run
+    their work together; under ``flwr run`` it is always :data:`SEQUENTIAL`.
+    """
+
+    def train(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> float: ...
+
+    def evaluate(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]: ...
+
+
+class _Sequential:
+    """This client's work, done now, in this thread: :func:`train_tensors` and :func:`evaluate_tensors`."""
+
+    def train(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> float:
+        return train_tensors(net, x, y, **kwargs)
+
+    def evaluate(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        return evaluate_tensors(net, x, y)
+
+
+SEQUENTIAL: LocalCompute = _Sequential()
+_CURRENT: ContextVar[LocalCompute] = ContextVar("lips_flwr_local_compute", default=SEQUENTIAL)
+
+
+def local_compute() -> LocalCompute:
+    """The engine that runs this client's training and evaluation (:data:`SEQUENTIAL` by default)."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def computing_with(engine: LocalCompute) -> Iterator[None]:
+    """Within the block (this thread or context only), :func:`local_compute` returns ``engine``."""
+    token = _CURRENT.set(engine)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
 def add_dropout(net: nn.Module, weight_names: list[str], p: float) -> list:
     """Dropout (``p``) on the outputs of the modules owning ``weight_names``, in training only.
 
@@ -125,6 +171,6 @@ def add_dropout(net: nn.Module, weight_names: list[str], p: float) -> list:
 
 
 __all__ = [
-    "AUGMENTATIONS", "add_dropout", "augment", "evaluate", "evaluate_tensors", "train",
-    "train_tensors",
+    "AUGMENTATIONS", "SEQUENTIAL", "LocalCompute", "add_dropout", "augment", "computing_with",
+    "evaluate", "evaluate_tensors", "local_compute", "train", "train_tensors",
 ]

@@ -92,7 +92,8 @@ def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
     (out / "tiny" / "fedbn-seed0.json").write_text("{}")  # an earlier grid's results: left alone
     proc = subprocess.run(
         [sys.executable, str(APP / "run_grid.py"), str(conf), "--algorithms", "fedbn", "--seeds", "0",
-         "--out", str(out), "--timeout", str(RUN_TIMEOUT_S), "--set", f"dataset-path='{empty}'"],
+         "--out", str(out), "--timeout", str(RUN_TIMEOUT_S), "--set", f"dataset-path='{empty}'",
+         "--engine", "flwr"],
         capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 120, check=False,
         env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"},
     )

@@ -140,7 +140,8 @@ def conf(tmp_path: Path, rounds: int = 2) -> Path:
 def run_main(grid, monkeypatch, tmp_path, flower, algorithms="fedbn,lips", seeds="0"):
     monkeypatch.setattr(grid, "local_flower", lambda *args, **kwargs: flower)
     monkeypatch.setattr(grid.sys, "argv", ["run_grid.py", str(conf(tmp_path)), "--algorithms", algorithms,
-                                           "--seeds", seeds, "--out", str(tmp_path / "out")])
+                                           "--seeds", seeds, "--out", str(tmp_path / "out"),
+                                           "--engine", "flwr"])
     grid.main()
 
 

@@ -24,7 +24,7 @@ from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.experiments.data import DATASET_INFO, client_split, load_dataset
 from lips_flwr.core.layers import select_layers
 from lips_flwr.experiments.models import build_model
-from lips_flwr.experiments.training import add_dropout, evaluate_tensors, train_tensors
+from lips_flwr.experiments.training import add_dropout, local_compute
 from lips_paper.algorithms import algorithm
 
 torch.set_num_threads(1)  # many simulated clients share the CPU cores (and one thread sums alike)
@@ -93,10 +93,11 @@ def release(device_type: str) -> None:
 
 def accuracies(net, val, test, when: str) -> dict:
     """Test (and validation, when carved) accuracy of ``net``, keyed ``acc-<when>``."""
-    loss, acc = evaluate_tensors(net, *test)
+    compute = local_compute()
+    loss, acc = compute.evaluate(net, *test)
     out = {f"acc-{when}": acc, f"loss-{when}": loss}
     if val[1].numel():
-        out[f"val-acc-{when}"] = evaluate_tensors(net, *val)[1]
+        out[f"val-acc-{when}"] = compute.evaluate(net, *val)[1]
     return out
 
 
@@ -112,15 +113,16 @@ def train(msg: Message, context: Context) -> Message:
     # Dropout draws from torch's global generator, whose state would otherwise be whatever
     # this worker process ran before (another client, another round).
     torch.manual_seed(seed)
-    loss = train_tensors(
+    loss = local_compute().train(  # train_tensors, or with other clients at once (batched Grid)
         net, *train_set, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
         momentum=float(cfg["momentum"]), batch_size=int(cfg["batch-size"]),
         augmentation=str(cfg["augment"]), seed=seed,
         weight_decay=float(cfg["weight-decay"]) if algo.weight_decay else 0.0,
         decay_only=set(middle) if algo.weight_decay else None,
     )
-    metrics = {"train-loss": loss, "num-examples": int(train_set[1].shape[0]),
-               **accuracies(net, val, test, "before")}
+    metrics = {"train-loss": loss, "num-examples": int(train_set[1].shape[0])}
+    if msg.content["config"].get("eval-before", True):  # the ServerApp asks only where it records it
+        metrics.update(accuracies(net, val, test, "before"))
     arrays = ArrayRecord({k: v.cpu() for k, v in net.state_dict().items()})
     release(train_set[0].device.type)
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -1,0 +1,255 @@
+"""A Flower ``Grid`` that runs a round's clients in this process, together on one device.
+
+``flwr run`` gives every client its own ClientApp call in a Ray worker: the
+real path, and the one a deployment takes. For a research sweep on one
+machine (many seeds of long runs, homogeneous clients) most of a GPU round
+is per-client overhead, not arithmetic. :class:`BatchedGrid` implements
+:class:`flwr.serverapp.Grid`: a ServerApp's own code (``LIPS(FedAvg(...)).start(grid=...)``)
+runs on it unchanged, and each message of a round goes through the
+*real* ClientApp (its mods and functions) with the node's own ``Context``,
+kept across rounds as a SuperNode keeps it. The replies are real reply
+``Message``\\ s, or error replies when a ClientApp raises, as Flower sends them.
+
+What it changes is where the clients' training and evaluation run:
+
+- ``"sequential"``: one client after another, each in this thread, as the
+  ClientApp would run them (the fastest on a few CPU cores).
+- ``"stacked"``: every client of the round in its own thread up to the
+  ClientApp's call of :func:`~lips_flwr.experiments.training.local_compute`;
+  the calls are gathered and run at once, the clients' models stacked
+  (:mod:`.stacked_training`), in chunks of ``chunk_size`` clients. A chunk
+  that does not fit in GPU memory is halved until it does.
+- ``"auto"`` (default): stacked on CUDA, sequential otherwise.
+
+A ClientApp that calls ``train_tensors`` directly still works on this Grid;
+its clients are then trained one after another whatever the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from uuid import uuid4
+
+import flwr.serverapp.grid.grid as _grid_module
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from lips_flwr.experiments.rendezvous import Rendezvous
+from lips_flwr.experiments.training import computing_with
+
+Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own module always has it
+
+ENGINES = ("auto", "sequential", "stacked")
+SUPERLINK_NODE_ID = 1  # the sender of every instruction, as in Flower
+CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+
+
+def _copy_content(content: RecordDict) -> RecordDict:
+    """What a client receives: its own records (arrays' bytes are immutable and shared).
+
+    Flower sends every node the same ``RecordDict`` object; over the wire each
+    client gets a copy, so a mod that edits its message in place (FedBN swaps
+    arrays) must not reach the other clients' messages.
+    """
+    out = RecordDict()
+    for name, record in content.items():
+        if isinstance(record, ArrayRecord):
+            out[name] = ArrayRecord(dict(record.items()), keep_input=True)
+        elif isinstance(record, MetricRecord):
+            out[name] = MetricRecord(dict(record.items()))
+        elif isinstance(record, ConfigRecord):
+            out[name] = ConfigRecord(dict(record.items()))
+        else:
+            raise TypeError(f"unsupported record {name!r} of type {type(record).__name__}")
+    return out
+
+
+class BatchedGrid(Grid):
+    """Run ``client_app`` for ``num_nodes`` simulated nodes in this process (see the module docstring).
+
+    Parameters
+    ----------
+    client_app : ClientApp
+        The app's ClientApp object, the one ``flwr run`` would load.
+    num_nodes : int
+        Nodes ``0 .. num_nodes - 1`` (``partition-id``); their node ids are
+        fixed (``1000 + partition-id``), so a run is repeatable.
+    run_config : dict
+        The run config each node's ``Context`` carries.
+    engine : str (default: ``"auto"``)
+        ``"sequential"``, ``"stacked"`` or ``"auto"``.
+    chunk_size : int or None (default: None)
+        The most clients trained at once by the stacked engine; ``None``: a
+        whole round, halved on a CUDA out-of-memory error.
+    run_id : int (default: 1)
+    """
+
+    def __init__(
+        self,
+        client_app: ClientApp,
+        *,
+        num_nodes: int,
+        run_config: dict,
+        engine: str = "auto",
+        chunk_size: int | None = None,
+        run_id: int = 1,
+    ) -> None:
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"`num_nodes` must be an integer >= 1, got {num_nodes!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"`engine` must be one of {ENGINES}, got {engine!r}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"`chunk_size` must be None or an integer >= 1, got {chunk_size!r}")
+        if engine == "auto":
+            engine = "stacked" if torch.cuda.is_available() else "sequential"
+        self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
+        self._run = Run.create_empty(run_id)
+        self._run.override_config = dict(run_config)
+        self.contexts = {
+            1000 + pid: Context(run_id=run_id, node_id=1000 + pid,
+                                node_config={"partition-id": pid, "num-partitions": num_nodes},
+                                state=RecordDict(), run_config=dict(run_config))
+            for pid in range(num_nodes)
+        }
+        self._pending: dict[str, Message] = {}
+        self._replies: dict[str, Message] = {}
+        self.client_seconds = 0.0  # time spent in the clients' calls (for the benchmarks)
+        self.stacked_calls = self.one_by_one_calls = 0  # the stacked engine's calls, by how they ran
+        self.first_error: str | None = None  # the first ClientApp error (its traceback), if any
+
+    # -- Grid ----------------------------------------------------------------------------------
+    def set_run(self, run) -> None:
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            if msg.metadata.dst_node_id not in self.contexts:
+                raise ValueError(f"no node {msg.metadata.dst_node_id} in this grid")
+            msg.metadata.__dict__["_message_id"] = message_id = str(uuid4())
+            msg.metadata.__dict__["_run_id"] = self._run.run_id
+            msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            self._pending[message_id] = msg
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self._deliver()
+        wanted = [i for i in message_ids if i in self._replies]
+        return [self._replies.pop(i) for i in wanted]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        # Every message is answered before this returns: ``timeout`` has nothing to wait for.
+        return self.pull_messages(list(self.push_messages(messages)))
+
+    # -- the clients ---------------------------------------------------------------------------
+    def _call_client(self, msg: Message) -> Message:
+        """The node's ClientApp on its own copy of ``msg``; an error reply when it raises."""
+        context = self.contexts[msg.metadata.dst_node_id]
+        received = _received_copy(msg)
+        try:
+            reply = self.client_app(received, context)
+        except Exception as err:  # noqa: BLE001 - as Flower's runtime: reported, not raised
+            reason = f"{type(err)}:<'{err}'>\n{traceback.format_exc()}"
+            reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+            if self.first_error is None:
+                self.first_error = reason
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        return reply
+
+    def _deliver(self) -> None:
+        """Answer every pushed message (one round's worth, usually) with the chosen engine."""
+        pending, self._pending = list(self._pending.values()), {}
+        if not pending:
+            return
+        start = time.perf_counter()
+        if self.engine == "sequential":
+            replies = [self._call_client(msg) for msg in pending]
+        else:
+            rendezvous = Rendezvous(chunk_size=self.chunk_size)
+            replies = rendezvous.run([_bound(self._call_client, msg, rendezvous) for msg in pending])
+            self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
+            self.stacked_calls += rendezvous.stacked
+            self.one_by_one_calls += rendezvous.one_by_one
+        self.client_seconds += time.perf_counter() - start
+        for msg, reply in zip(pending, replies):
+            self._replies[msg.metadata.message_id] = reply
+
+
+def run_batched(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    *,
+    run_config: dict,
+    num_nodes: int,
+    engine: str = "auto",
+    chunk_size: int | None = None,
+    run_id: int = 1,
+) -> BatchedGrid:
+    """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
+
+    ``run_config`` is the complete run config (the app's defaults with any
+    overrides), as both sides see it under ``flwr run``. Returns the grid
+    (its nodes' contexts, the time spent in clients). An exception of the
+    ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
+    """
+    grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
+                       chunk_size=chunk_size, run_id=run_id)
+    context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config))
+    with _task_identity(run_id):
+        server_app(grid, context)
+    return grid
+
+
+@contextlib.contextmanager
+def _task_identity(run_id: int) -> Iterator[None]:
+    """The ServerApp's identity, which Flower's ``Message`` reads (flwr >= 1.40; older: nothing)."""
+    try:
+        from flwr.supercore.task_identity import TaskIdentity
+    except ImportError:
+        yield
+        return
+    saved = TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = run_id, run_id, 0
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def _received_copy(msg: Message) -> Message:
+    """``msg`` as a node receives it: the same metadata, its own records."""
+    copy = Message(_copy_content(msg.content), msg.metadata.dst_node_id, msg.metadata.message_type,
+                   ttl=msg.metadata.ttl, group_id=msg.metadata.group_id)
+    copy.metadata.__dict__.update(vars(msg.metadata))
+    return copy
+
+
+def _bound(call: Callable[[Message], Message], msg: Message, engine) -> Callable[[], Message]:
+    def client() -> Message:
+        with computing_with(engine):
+            return call(msg)
+    return client
+
+
+__all__ = ["BatchedGrid", "ENGINES", "run_batched"]

@@ -1,0 +1,195 @@
+"""Gather many clients' training (or evaluation) calls and run them at once.
+
+Each client of a round runs its ClientApp in its own thread, unchanged, up to
+its call of ``local_compute().train(...)`` (or ``.evaluate``); there it waits.
+When every client thread is either waiting or finished, the leader (the
+thread that called :meth:`Rendezvous.run`) runs the gathered calls together,
+their models stacked (:mod:`.stacked_training`), releases the waiting
+threads, and waits for the next gathering: the calls of a round fall into
+phases on their own (train, then the evaluations after it).
+
+Calls that cannot be stacked (a model or data shape of its own, a single
+call) run one after another, as :data:`~.training.SEQUENTIAL` would. If a
+stacked chunk fails for any reason but memory, its calls run one by one, so
+that one client's error stays that client's error reply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any, TypeVar
+
+import torch
+from flwr.common.logger import log
+from torch import nn
+
+from lips_flwr.experiments.training import evaluate_tensors, train_tensors
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Call:
+    """One client's pending call of ``train`` or ``evaluate``."""
+
+    kind: str
+    net: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def key(self) -> tuple:
+        """Calls with equal keys can be stacked: same work, architecture, data shape and device."""
+        arch = tuple((n, tuple(t.shape), t.dtype) for n, t in self.net.state_dict().items())
+        settings = tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items() if k != "seed"))
+        return (self.kind, arch, tuple(self.x.shape), self.x.device, settings)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else value
+
+
+class Rendezvous:
+    """A :class:`~.training.LocalCompute` shared by a round's client threads (see the module docstring).
+
+    Parameters
+    ----------
+    chunk_size : int or None
+        The most calls run at once; ``None``: all of a gathering. A chunk that
+        raises a CUDA out-of-memory error is halved (down to one call), and
+        the smaller size is kept in :attr:`chunk_size`.
+    """
+
+    def __init__(self, chunk_size: int | None = None) -> None:
+        self.chunk_size = chunk_size
+        self._cond = threading.Condition()
+        self._calls: list[_Call] = []
+        self._running = 0  # client threads neither waiting in a call nor finished
+        self.stacked = 0  # calls run stacked with others
+        self.one_by_one = 0  # calls run alone (a group of one, or after a stacked chunk failed)
+
+    # -- the clients' side (LocalCompute) ------------------------------------------------------
+    def train(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> float:
+        return self._wait(_Call("train", net, x, y, kwargs))
+
+    def evaluate(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+        return self._wait(_Call("evaluate", net, x, y))
+
+    def _wait(self, call: _Call) -> Any:
+        with self._cond:
+            self._calls.append(call)
+            self._running -= 1
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: call.done)
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    # -- the leader's side ---------------------------------------------------------------------
+    def run(self, clients: Sequence[Callable[[], T]]) -> list[T]:
+        """Run each client in its own thread, gathering their calls; their results, in order.
+
+        A client must not raise (wrap it); if one does, its exception is
+        raised here once every thread has finished.
+        """
+        results: list[Any] = [None] * len(clients)
+        errors: list[BaseException] = []
+
+        def client_thread(i: int) -> None:
+            try:
+                results[i] = clients[i]()
+            except BaseException as err:  # noqa: BLE001 - re-raised by the leader
+                errors.append(err)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+
+        self._running = len(clients)
+        threads = [threading.Thread(target=client_thread, args=(i,), daemon=True)
+                   for i in range(len(clients))]
+        for thread in threads:
+            thread.start()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._running == 0)
+                calls, self._calls = self._calls, []
+            if not calls:
+                break  # every client thread has finished
+            self._execute(calls)
+            with self._cond:
+                for call in calls:
+                    call.done = True
+                self._running += len(calls)
+                self._cond.notify_all()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _execute(self, calls: list[_Call]) -> None:
+        groups: dict[tuple, list[_Call]] = {}
+        for call in calls:
+            try:
+                groups.setdefault(call.key(), []).append(call)
+            except Exception as err:  # noqa: BLE001 - a malformed call fails alone
+                call.error = err
+        for group in groups.values():
+            start = 0
+            while start < len(group):
+                size = self.chunk_size or len(group)
+                chunk = group[start:start + size]
+                try:
+                    _run_together(chunk)
+                    self.stacked += len(chunk) if len(chunk) > 1 else 0
+                    self.one_by_one += 1 if len(chunk) == 1 else 0
+                except torch.cuda.OutOfMemoryError:
+                    if size == 1:
+                        raise
+                    torch.cuda.empty_cache()
+                    self.chunk_size = max(1, min(size, len(chunk)) // 2)
+                    continue
+                except Exception as err:  # noqa: BLE001 - find whose call it is: one by one
+                    log(WARNING, "stacked %s of %d clients failed (%r); running them one by one",
+                        chunk[0].kind, len(chunk), err)
+                    _run_one_by_one(chunk)
+                    self.one_by_one += len(chunk)
+                start += len(chunk)
+
+
+def _run_together(chunk: list[_Call]) -> None:
+    if len(chunk) == 1:
+        _run_one_by_one(chunk)
+        return
+    from lips_flwr.experiments.stacked_training import evaluate_stacked, train_stacked
+
+    nets, data = [c.net for c in chunk], [(c.x, c.y) for c in chunk]
+    if chunk[0].kind == "train":
+        settings = {k: v for k, v in chunk[0].kwargs.items() if k != "seed"}
+        seeds = [int(c.kwargs.get("seed", 0)) for c in chunk]
+        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, **settings))
+    else:
+        results = list(evaluate_stacked(nets, data))
+    for call, result in zip(chunk, results):
+        call.result = result
+
+
+def _run_one_by_one(chunk: list[_Call]) -> None:
+    for call in chunk:
+        try:
+            if call.kind == "train":
+                call.result = train_tensors(call.net, call.x, call.y, **call.kwargs)
+            else:
+                call.result = evaluate_tensors(call.net, call.x, call.y)
+        except Exception as err:  # noqa: BLE001 - raised in the client's own thread
+            call.error = err
+
+
+__all__ = ["Rendezvous"]

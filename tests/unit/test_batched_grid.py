@@ -1,0 +1,185 @@
+"""The batched Grid: the real ClientApp per node, real reply Messages, the ServerApp unchanged."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from flower_fakes import task_identity  # noqa: F401
+from lips_flwr.experiments import rendezvous as rendezvous_module
+from lips_flwr.experiments.batched_grid import BatchedGrid, run_batched
+from lips_flwr.experiments.rendezvous import Rendezvous
+from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_compute
+
+PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+sys.path.insert(0, str(PAPER))
+
+from batched import run_config  # noqa: E402
+from lips_paper.client_app import app as paper_client  # noqa: E402
+from lips_paper.server_app import app as paper_server  # noqa: E402
+
+TINY = {"algorithm": "lips", "dataset": "digits", "model": "digits-cnn", "num-server-rounds": 3, "every": 2,
+        "tau0": 0.5, "samples-per-client": 40, "test-samples": 40, "alpha": 0.5, "local-epochs": 1,
+        "batch-size": 20, "lr": 0.05, "device": "cpu"}
+
+
+def echo_app(calls: list | None = None) -> ClientApp:
+    """A ClientApp that replies with its arrays plus its partition id, and raises for partition 2."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        if calls is not None:
+            calls.append(pid)
+        if pid == 2:
+            raise RuntimeError("partition 2 has no data")
+        arrays = msg.content["arrays"]
+        arrays["w"] = Array(arrays["w"].numpy() + pid)  # edits its own copy in place
+        context.state["seen"] = MetricRecord({"rounds": int(context.state["seen"]["rounds"]) + 1}
+                                             if "seen" in context.state else {"rounds": 1})
+        metrics = MetricRecord({"pid": pid, "rounds": int(context.state["seen"]["rounds"]), "num-examples": 1})
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_every_node_gets_its_own_copy_and_context_and_a_raising_client_an_error_reply():
+    grid = BatchedGrid(echo_app(), num_nodes=3, run_config={"k": 1}, engine="sequential")
+    nodes = sorted(grid.get_node_ids())
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))}), "config": ConfigRecord({})})
+    for _ in range(2):
+        replies = list(grid.send_and_receive([Message(content, n, "train") for n in nodes]))
+        assert len(replies) == 3
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        assert set(by_node) == set(nodes)
+        assert by_node[nodes[2]].has_error() and "partition 2 has no data" in by_node[nodes[2]].error.reason
+        for pid in (0, 1):
+            reply = by_node[nodes[pid]]
+            assert reply.metadata.reply_to_message_id and reply.metadata.dst_node_id == 1
+            np.testing.assert_array_equal(reply.content["arrays"]["w"].numpy(), [pid, pid])
+        np.testing.assert_array_equal(content["arrays"]["w"].numpy(), [0, 0])  # the sent content is intact
+    assert [by_node[nodes[p]].content["metrics"]["rounds"] for p in (0, 1)] == [2, 2]  # contexts kept
+    assert "partition 2 has no data" in grid.first_error
+
+
+def test_bad_arguments_name_the_problem():
+    for kwargs, word in (({"num_nodes": 0}, "num_nodes"), ({"num_nodes": 2, "engine": "gpu"}, "engine"),
+                         ({"num_nodes": 2, "chunk_size": 0}, "chunk_size")):
+        with pytest.raises(ValueError, match=word):
+            BatchedGrid(echo_app(), run_config={}, **kwargs)
+
+
+def test_rendezvous_gathers_every_call_of_a_phase_and_halves_a_chunk_on_out_of_memory(monkeypatch):
+    gathered: list[int] = []
+
+    def fake_together(chunk):
+        if len(chunk) > 2:
+            raise torch.cuda.OutOfMemoryError("too many")
+        gathered.append(len(chunk))
+        for call in chunk:
+            call.result = float(call.kwargs["seed"]) if call.kind == "train" else (0.0, float(call.x.sum()))
+
+    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    rendezvous = Rendezvous()
+    net = torch.nn.Linear(1, 1)
+
+    def client(i):
+        def run():
+            assert local_compute() is rendezvous
+            loss = local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)
+            return loss, local_compute().evaluate(net, torch.full((2, 1), float(i)), torch.zeros(2))[1]
+        return lambda: _with(rendezvous, run)
+
+    results = rendezvous.run([client(i) for i in range(5)])
+    assert results == [(float(i), 2.0 * i) for i in range(5)]
+    assert rendezvous.chunk_size == 2 and gathered == [2, 2, 1, 2, 2, 1]  # train phase, then evaluate
+    assert local_compute() is SEQUENTIAL and threading.active_count() >= 1
+
+
+def _with(engine, fn):
+    with computing_with(engine):
+        return fn()
+
+
+def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
+    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk: 1 / 0)
+    rendezvous = Rendezvous()
+    nets = [torch.nn.Linear(1, 2) for _ in range(3)]
+    xs = [torch.zeros(4, 1), torch.zeros(4, 1), torch.zeros(4, 1)]
+    ys = [torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.full((4,), 7)]  # 7: bad
+
+    def client(i):
+        def run():
+            try:
+                return local_compute().train(nets[i], xs[i], ys[i], epochs=1, seed=i)
+            except Exception as err:  # noqa: BLE001
+                return type(err).__name__
+        return lambda: _with(rendezvous, run)
+
+    out = rendezvous.run([client(i) for i in range(3)])
+    assert isinstance(out[0], float) and isinstance(out[1], float) and out[2] == "IndexError"
+
+
+def test_the_paper_app_runs_unchanged_on_the_grid(tmp_path):
+    results = tmp_path / "lips.json"
+    grid = run_batched(paper_server, paper_client, num_nodes=3, engine="sequential",
+                       run_config=run_config({**TINY, "results-path": str(results)}))
+    assert grid.first_error is None and grid.client_seconds > 0
+    rounds = json.loads(results.read_text())["rounds"]
+    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 1]
+    assert all(rounds[r]["train"]["num-examples"] == 3 * 40 for r in rounds)
+    assert all(0 <= rounds[r]["evaluate"]["acc-after"] <= 1 for r in rounds)
+
+
+def test_run_config_rejects_a_key_the_app_does_not_know():
+    with pytest.raises(ValueError, match="unknown run-config keys \\['tua0'\\]"):
+        run_config({"tua0": 0.5})
+
+
+def round_one_messages(grid, cfg):
+    """Round 1's train messages as the paper's ServerApp sends them (LIPS around FedAvg)."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from lips_flwr.experiments.data import DATASET_INFO
+    from lips_flwr.experiments.models import build_model
+    from lips_flwr.strategies import LIPS
+
+    torch.manual_seed(int(cfg["seed"]))
+    net = build_model(cfg["model"], *DATASET_INFO[cfg["dataset"]])
+    strategy = LIPS(FedAvg(), num_rounds=int(cfg["num-server-rounds"]), tau0=0.5, every=2)
+    return strategy.configure_train(1, ArrayRecord(net.state_dict()), ConfigRecord({}), grid)
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_round_one_replies_equal_the_client_apps_own(engine):
+    """The same experiment: each node's reply equals the ClientApp's reply to the same message (1e-5)."""
+    cfg = run_config(TINY)
+    grid = BatchedGrid(paper_client, num_nodes=3, run_config=cfg, engine=engine)
+    messages = list(round_one_messages(grid, cfg))
+    assert len(messages) == 3
+    replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages)}
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        context = Context(run_id=1, node_id=node, node_config=dict(grid.contexts[node].node_config),
+                          state=RecordDict(), run_config=dict(cfg))
+        own = paper_client(Message(msg.content, node, msg.metadata.message_type), context)
+        ours = replies[node]
+        assert not ours.has_error() and not own.has_error()
+        for name, array in own.content["arrays"].items():
+            diff = np.max(np.abs(array.numpy() - ours.content["arrays"][name].numpy()), initial=0.0)
+            assert diff <= (0.0 if engine == "sequential" else 1e-5), (name, diff)
+        for key, value in own.content["metrics"].items():
+            assert ours.content["metrics"][key] == pytest.approx(value, abs=1e-5), key
+    if engine == "stacked":  # trained and evaluated together, not one by one after a failure
+        assert (grid.stacked_calls, grid.one_by_one_calls) == (6, 0)
