@@ -21,6 +21,7 @@ class Algorithm:
     dropout: bool = False          # dropout on the middle layers' outputs (run config `dropout`)
     weight_decay: bool = False     # weight decay on the middle layers (run config `weight-decay`)
     freeze: bool = False           # middle layers frozen after `freeze-round`
+    trigger: str = "schedule"      # LIPS: mask on the schedule, or only stagnating layers ("inertia")
 
 
 ALGORITHMS = {
@@ -30,6 +31,7 @@ ALGORITHMS = {
     "lips-random": Algorithm(score="random"),
     "lips-magnitude": Algorithm(score="magnitude"),
     "lips-all": Algorithm(score="sensitivity", layers="all"),
+    "lips-inertia": Algorithm(score="sensitivity", trigger="inertia"),
     "fedbn-dropout": Algorithm(dropout=True),
     "fedbn-wd": Algorithm(weight_decay=True),
     "freeze": Algorithm(freeze=True),

@@ -132,9 +132,11 @@ class RecordingLIPS(LIPS):
     results file that come before its first round.
     """
 
-    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int, **kwargs):
+    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int,
+                 eval_before_every: int = 1, eval_last: int = 0, **kwargs):
         super().__init__(strategy, **kwargs)
         self.results_path, self.eval_every = results_path, eval_every
+        self.eval_before_every, self.eval_last = eval_before_every, eval_last
         self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
         self.started = time.perf_counter()
         self.first_round: int | None = None
@@ -161,9 +163,18 @@ class RecordingLIPS(LIPS):
         self._save(server_round, "train", metrics)
         return arrays, metrics
 
+    def _evaluated(self, server_round: int, every: int) -> bool:
+        """Round ``server_round`` is evaluated: every ``every`` rounds, the last ``eval_last``, the last."""
+        last = self.core.num_rounds or server_round
+        return server_round % every == 0 or server_round > last - self.eval_last or server_round == last
+
+    def configure_train(self, server_round, arrays, config, grid):
+        # Clients test their trained model ("before" aggregation) only where it is recorded.
+        config = ConfigRecord({**config, "eval-before": self._evaluated(server_round, self.eval_before_every)})
+        return super().configure_train(server_round, arrays, config, grid)
+
     def configure_evaluate(self, server_round, arrays, config, grid):
-        last = server_round == self.core.num_rounds
-        if server_round % self.eval_every and not last:
+        if not self._evaluated(server_round, self.eval_every):
             return []
         return super().configure_evaluate(server_round, arrays, config, grid)
 
@@ -202,11 +213,14 @@ def main(grid: Grid, context: Context) -> None:
         results_path=str(cfg["results-path"]),
         run_config=dict(cfg),
         eval_every=max(1, int(cfg["eval-every"])),
+        eval_before_every=max(1, int(cfg["eval-before-every"])),
+        eval_last=max(0, int(cfg["eval-last"])),
         num_rounds=num_rounds,
         tau0=float(cfg["tau0"]) if algo.score else 0.0,  # tau0 = 0 is the base strategy
         every=int(cfg["every"]),
         score=algo.score or "sensitivity",
         layers=algo.layers,
+        **({"trigger": algo.trigger} if algo.trigger != "schedule" else {}),
         inertia_t0=int(cfg["inertia-t0"]) if int(cfg["inertia-t0"]) > 0 else None,
         seed=int(cfg["seed"]),
         checkpoint_path=str(cfg["checkpoint-path"]) or None,

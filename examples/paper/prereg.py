@@ -1,0 +1,339 @@
+"""The pre-registered study (PROTOCOL.md): run it, resumably, and report it.
+
+    python examples/paper/prereg.py run --regime cpu --jobs 2     # runs what is missing; stop and re-run at will
+    python examples/paper/prereg.py report                         # tables, tests, verdicts, figures
+    python examples/paper/prereg.py run --regime gpu --jobs 8     # on one GPU machine (regime b)
+
+Every run writes ``<out>/<conf>/<method>-seed<k>.json`` only when it has
+finished (a stopped run leaves nothing; it starts again from round 1 on the
+next ``run``). Runs go seed by seed, so that a study stopped early still has
+every method on the same seeds. ``report`` uses every finished file and says
+how many seeds each comparison has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+APP = Path(__file__).resolve().parent
+sys.path.insert(0, str(APP))
+from run_grid import run_one_batched  # noqa: E402
+from stats import holm, paired  # noqa: E402
+
+ROOT = APP.parents[1]
+OUT = ROOT / "docs" / "results" / "prereg"
+SEEDS = tuple(range(1000, 1006))
+PRIMARY = ("fedbn", "lips", "lips-random", "lips-inertia")
+SECONDARY = ("lips-magnitude", "lips-all", "fedbn-dropout", "fedbn-wd", "freeze")
+# (conf, methods) in the order they run; each stage seed by seed.
+PLAN = {
+    "cpu": [("prereg-fmnist-dir0.1", PRIMARY), ("prereg-fmnist-dir1.0", ("fedbn", "lips")),
+            ("prereg-fmnist-dir0.1", SECONDARY)],
+    "gpu": [("prereg-fmnist-gpu-dir0.1", PRIMARY)],
+}
+HYPOTHESES = {"H1": ("lips", "fedbn"), "H2": ("lips", "lips-random"), "H3": ("lips-inertia", "fedbn")}
+SECONDARY_PAIRS = [("lips-inertia", "lips"), *((m, "fedbn") for m in SECONDARY)]
+LAST = 10  # the endpoint's rounds
+
+
+def load_conf(name: str) -> tuple[dict, int]:
+    conf = tomllib.loads((APP / "conf" / f"{name}.toml").read_text())
+    return conf, int(conf.pop("federation", {}).get("num-supernodes", 10))
+
+
+def run_task(conf: dict, nodes: int, method: str, seed: int, results: str, engine: str) -> str:
+    """One run into ``results``, through a partial file: a stopped run leaves nothing behind."""
+    path = Path(results)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        run_one_batched(conf, nodes, method, seed, partial, engine, name=path.parent.name)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return results
+
+
+def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], overrides: dict | None = None,
+        num_nodes: int | None = None) -> None:
+    """Every missing run of ``regime`` (``overrides``/``num_nodes``: a smaller trial, never the study)."""
+    tasks = []
+    for conf_name, methods in PLAN[regime]:
+        conf, nodes = load_conf(conf_name)
+        conf.update(overrides or {})
+        nodes = num_nodes or nodes
+        folder = out / conf_name
+        folder.mkdir(parents=True, exist_ok=True)
+        for seed in seeds:
+            for method in methods:
+                results = folder / f"{method}-seed{seed}.json"
+                if not results.exists():
+                    tasks.append((conf, nodes, method, seed, str(results), engine))
+    print(f"{len(tasks)} runs to do ({regime}, {jobs} at a time)", flush=True)
+    if jobs <= 1:
+        for task in tasks:
+            run_task(*task)
+        return
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for done in concurrent.futures.as_completed([pool.submit(run_task, *t) for t in tasks]):
+            print(f"finished {done.result()}", flush=True)
+
+
+# ----------------------------------------------------------------------------- report
+
+def series(data: dict, part: str, key: str) -> dict[int, float]:
+    return {int(r): m[part][key] for r, m in data["rounds"].items() if key in m.get(part, {})}
+
+
+def endpoint(data: dict, part: str = "evaluate", key: str = "acc-after") -> float | None:
+    """Mean of ``key`` over the last :data:`LAST` rounds; ``None`` when one of them is missing."""
+    last = int(data["run_config"]["num-server-rounds"])
+    values = series(data, part, key)
+    wanted = range(last - LAST + 1, last + 1)
+    return float(np.mean([values[r] for r in wanted])) if all(r in values for r in wanted) else None
+
+
+def load_folder(folder: Path) -> dict[str, dict[int, dict]]:
+    runs: dict[str, dict[int, dict]] = {}
+    for path in sorted(folder.glob("*-seed*.json")):
+        data = json.loads(path.read_text())
+        runs.setdefault(str(data["run_config"]["algorithm"]), {})[int(data["run_config"]["seed"])] = data
+    return runs
+
+
+def compare(runs: dict, a: str, b: str, part: str = "evaluate", key: str = "acc-after") -> dict | None:
+    seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
+    diffs = [endpoint(runs[a][s], part, key) - endpoint(runs[b][s], part, key) for s in seeds]  # type: ignore[operator]
+    return {**paired(diffs), "seeds": seeds, "differences": diffs} if len(diffs) >= 2 else None
+
+
+def verdict(result: dict, adjusted: float) -> str:
+    if adjusted < 0.05 and result["ci_low"] > 0:
+        return "supported"
+    if adjusted < 0.05 and result["ci_high"] < 0:
+        return "contradicted"
+    return "no effect detected"
+
+
+def inertia_rho(data: dict, middle: list[str], edges: list[str]) -> dict | None:
+    """``rho_l`` = late / early mean relative step per layer, and whether inertia arises (PROTOCOL.md)."""
+    last = int(data["run_config"]["num-server-rounds"])
+    rho = {}
+    for layer in middle + edges:
+        steps = series(data, "train", f"inertia-rel-step/{layer}")
+        early = [steps[r] for r in range(2, 7) if r in steps]
+        late = [steps[r] for r in range(last - LAST + 1, last + 1) if r in steps]
+        if not early or not late or np.mean(early) == 0:
+            return None
+        rho[layer] = float(np.mean(late) / np.mean(early))
+    middle_rho = float(np.median([rho[m] for m in middle]))
+    edge_rho = float(np.mean([rho[e] for e in edges]))
+    return {"rho": rho, "middle": middle_rho, "edges": edge_rho, "arises": middle_rho < 0.5 * edge_rho}
+
+
+def setbacks(data: dict) -> list[tuple[float, int | None]]:
+    """(set-back, rounds to recover or None) for each mask round >= 6 that zeroed weights."""
+    train, after = data["rounds"], series(data, "evaluate", "acc-after")
+    every = int(data["run_config"]["every"])
+    out = []
+    for t in sorted(int(r) for r in train):
+        metrics = train[str(t)].get("train", {})
+        if t < 6 or not metrics.get("lips-mask-round") or not metrics.get("lips-zeros"):
+            continue
+        if t in after and t - 1 in after:
+            recovered = next((k for k in range(1, every) if after.get(t + k, -1) >= after[t - 1]), None)
+            out.append((after[t] - after[t - 1], 0 if after[t] >= after[t - 1] else recovered))
+    return out
+
+
+def layer_groups(conf_name: str) -> tuple[list[str], list[str]]:
+    """(middle, first-and-last) weight layers of the regime's model, as LIPS selects them."""
+    import torch  # noqa: F401 - the model is built to read its layer names only
+
+    from lips_flwr.core.layers import select_layers
+    from lips_flwr.experiments.data import DATASET_INFO
+    from lips_flwr.experiments.models import build_model
+
+    conf, _ = load_conf(conf_name)
+    classes, channels = DATASET_INFO[conf["dataset"]]
+    model = {k: v.numpy() for k, v in build_model(conf["model"], classes, channels).state_dict().items()}
+    middle = select_layers(model, "middle")
+    return middle, [n for n in select_layers(model, "all") if n not in middle]
+
+
+def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]) -> tuple[list[str], dict]:
+    """Markdown lines and a JSON summary for one regime's folder."""
+    runs = load_folder(folder)
+    lines = [f"## {conf_name}", "", "| method | seeds | endpoint (after, last 10) | before, last 10 |",
+             "| --- | --- | --- | --- |"]
+    for method, by_seed in sorted(runs.items()):
+        after = [e for e in (endpoint(d) for d in by_seed.values()) if e is not None]
+        before = [e for e in (endpoint(d, "train", "acc-before") for d in by_seed.values()) if e is not None]
+        fmt = lambda v: f"{np.mean(v):.4f} +- {np.std(v, ddof=1):.4f}" if len(v) > 1 else "-"  # noqa: E731
+        lines.append(f"| {method} | {len(by_seed)} | {fmt(after)} | {fmt(before)} |")
+    summary: dict = {"hypotheses": {}, "secondary": {}}
+    tests = {h: compare(runs, a, b) for h, (a, b) in family.items()}
+    tests = {h: t for h, t in tests.items() if t is not None}
+    adjusted = holm({h: t["p_t"] for h, t in tests.items()})
+    lines += ["", "| hypothesis | difference | seeds | mean | 95% CI | p (t) | p (sign) | p Holm | verdict |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for h, t in tests.items():
+        a, b = family[h]
+        t["p_holm"], t["verdict"] = adjusted[h], verdict(t, adjusted[h])
+        summary["hypotheses"][h] = t
+        lines.append(f"| {h} | {a} - {b} | {t['n']} | {100 * t['mean']:+.2f} pt | "
+                     f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_t']:.3f} | "
+                     f"{t['p_sign']:.3f} | {t['p_holm']:.3f} | {t['verdict']} |")
+    pairs = [*SECONDARY_PAIRS, *(((a, b), "train", "acc-before") for a, b in family.values())]
+    rows = []
+    for pair in pairs:
+        (a, b), part, key = (pair, "evaluate", "acc-after") if isinstance(pair[0], str) else pair
+        t = compare(runs, a, b, part, key)
+        if t is not None and (a, b, key) not in summary["secondary"]:
+            summary["secondary"][f"{a} - {b} ({key})"] = t
+            rows.append(f"| {a} - {b} | {key} | {t['n']} | {100 * t['mean']:+.2f} pt | "
+                        f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_t']:.3f} | {t['p_sign']:.3f} |")
+    if rows:
+        lines += ["", "Secondary, exploratory (no correction):", "",
+                  "| difference | accuracy | seeds | mean | 95% CI | p (t) | p (sign) |", "| --- | --- | --- | --- | --- | --- | --- |",
+                  *rows]
+    middle, edges = layer_groups(conf_name)
+    rhos = [r for r in (inertia_rho(d, middle, edges) for d in runs.get("fedbn", {}).values()) if r is not None]
+    if rhos:
+        arises = sum(r["arises"] for r in rhos)
+        summary["inertia"] = {"runs": len(rhos), "arises_in": arises, "rho": rhos}
+        lines += ["", f"Inertia (FedBN, late/early relative step): middle layers' median rho "
+                      f"{np.median([r['middle'] for r in rhos]):.3f}, first/last layers' mean rho "
+                      f"{np.median([r['edges'] for r in rhos]):.3f} (medians over seeds); "
+                      f"inertia arises in {arises} of {len(rhos)} runs "
+                      f"({'arises' if arises >= 5 * len(rhos) / 6 else 'does not arise'} by the protocol's rule)."]
+    for method in ("lips", "lips-random", "lips-inertia"):
+        events = [e for d in runs.get(method, {}).values() for e in setbacks(d)]
+        if events:
+            drops = np.array([e[0] for e in events])
+            recovered = [e[1] for e in events if e[1] is not None]
+            summary.setdefault("setbacks", {})[method] = {"events": len(events), "median": float(np.median(drops)),
+                                                          "worse_than_1pt": float(np.mean(drops < -0.01))}
+            lines.append(f"- {method}: {len(events)} mask rounds; median set-back {100 * np.median(drops):+.2f} pt, "
+                         f"{100 * np.mean(drops < -0.01):.0f}% worse than -1 pt; recovered within the cycle in "
+                         f"{len(recovered)} of {len(events)}, median {np.median(recovered) if recovered else '-'} rounds")
+    return lines, summary
+
+
+def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from scipy import stats as st
+
+    runs = load_folder(folder)
+    first = next(iter(next(iter(runs.values())).values()))
+    conf = first["run_config"]  # the runs' own settings (a trial's overrides included)
+    nodes = int(first["rounds"]["1"]["train"]["num-examples"]) // int(conf["samples-per-client"])
+    setup = (f"{nodes} clients x {conf['samples-per-client']} samples, Dir({conf['alpha']}), "
+             f"{conf['num-server-rounds']} rounds, {conf['local-epochs']} local epochs")
+    out = []
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, (method, by_seed) in enumerate(sorted(runs.items())):
+        curves = [series(d, "evaluate", "acc-after") for d in by_seed.values()]
+        rounds = sorted(set.intersection(*(set(c) for c in curves)))
+        acc = np.array([[c[r] for r in rounds] for c in curves])
+        mean = acc.mean(0)
+        ax.plot(rounds, mean, color=f"C{i}", label=f"{method} (n={len(curves)})")
+        if len(curves) > 1:
+            half = st.t.ppf(0.975, len(curves) - 1) * acc.std(0, ddof=1) / np.sqrt(len(curves))
+            ax.fill_between(rounds, mean - half, mean + half, color=f"C{i}", alpha=0.15)
+    ax.set(xlabel="round", ylabel="client-mean test accuracy, after aggregation", ylim=(0, 1))
+    ax.set_title(f"{conf_name}: mean and 95% CI over seeds\n{setup}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, not over it
+    fig.tight_layout()
+    fig.savefig(folder / "accuracy.png", dpi=120)
+    plt.close(fig)
+    out.append(folder / "accuracy.png")
+    tests = {h: compare(runs, a, b) for h, (a, b) in family.items()}
+    tests = {h: t for h, t in tests.items() if t is not None}
+    if tests:
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        for i, (h, t) in enumerate(tests.items()):
+            ax.scatter([i] * t["n"], 100 * np.array(t["differences"]), color="0.5", s=14, zorder=2)
+            ax.errorbar([i + 0.15], [100 * t["mean"]], yerr=[[100 * (t["mean"] - t["ci_low"])],
+                        [100 * (t["ci_high"] - t["mean"])]], fmt="o", color="C3", capsize=4, zorder=3)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(range(len(tests)), [f"{h}: {' - '.join(family[h])}" for h in tests], fontsize=8)
+        ax.set_ylabel("paired difference (points)")
+        ax.set_title(f"{conf_name}: per-seed differences (grey), mean and 95% CI (red)\n{setup}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(folder / "differences.png", dpi=120)
+        plt.close(fig)
+        out.append(folder / "differences.png")
+    middle, edges = layer_groups(conf_name)
+    pair = [m for m in ("fedbn", "lips") if runs.get(m)]
+    if pair:
+        fig, axes = plt.subplots(1, len(pair), figsize=(6 * len(pair), 3.6), squeeze=False)
+        for ax, method in zip(axes[0], pair):
+            data = runs[method][min(runs[method])]
+            layers = [n for n in [edges[0], *middle, *edges[1:]]]
+            grid = np.array([[series(data, "train", f"inertia-rel-step/{n}").get(r, np.nan)
+                              for r in range(1, int(conf["num-server-rounds"]) + 1)] for n in layers])
+            image = ax.imshow(np.log10(np.maximum(grid, 1e-6)), aspect="auto", cmap="viridis",
+                              extent=(0.5, grid.shape[1] + 0.5, len(layers) - 0.5, -0.5))
+            ax.set_yticks(range(len(layers)), layers, fontsize=7)
+            ax.set(xlabel="round", title=f"{method}, seed {min(runs[method])}: log10 relative step")
+            fig.colorbar(image, ax=ax)
+        fig.suptitle(setup, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(folder / "relative-step.png", dpi=120)
+        plt.close(fig)
+        out.append(folder / "relative-step.png")
+    return out
+
+
+def report(out: Path) -> None:
+    lines = ["# Pre-registered study: results", "", "Protocol: [examples/paper/PROTOCOL.md]"
+             "(../../../examples/paper/PROTOCOL.md). Accuracies are fractions; differences in points.", ""]
+    summary = {}
+    for conf_name in sorted({c for stages in PLAN.values() for c, _ in stages}):
+        folder = out / conf_name
+        if not folder.is_dir() or not any(folder.glob("*-seed*.json")):
+            continue
+        family = HYPOTHESES if conf_name.endswith("dir0.1") else {"H1": HYPOTHESES["H1"]}
+        conf_lines, summary[conf_name] = report_conf(conf_name, folder, family)
+        figures(conf_name, folder, family)
+        lines += conf_lines + ["", f"Figures: `{conf_name}/accuracy.png`, `differences.png`, `relative-step.png`.", ""]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("run", "report"))
+    parser.add_argument("--regime", choices=tuple(PLAN), default="cpu")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
+    parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config overrides, for a small trial into another --out (not the study)")
+    parser.add_argument("--num-supernodes", type=int, default=None, help="for a small trial")
+    args = parser.parse_args()
+    if args.what == "run":
+        from run_grid import parse_overrides
+
+        run(args.regime, args.out.resolve(), args.jobs, args.engine, tuple(int(s) for s in args.seeds.split(",")),
+            parse_overrides(args.set), args.num_supernodes)
+    report(args.out.resolve())
+
+
+if __name__ == "__main__":
+    main()
