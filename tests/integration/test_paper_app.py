@@ -104,3 +104,30 @@ def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
     assert "client-mean test accuracy" not in proc.stdout
     assert (out / "tiny" / "fedbn-seed0.json").read_text() == "{}"
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".flwr")) == ["tiny"]
+
+
+def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
+    """Five rounds of LIPS on the batched Grid and under `flwr run`: client-mean accuracies within 0.5 points.
+
+    (Each node's round-1 reply equals the ClientApp's own: tests/unit/test_batched_grid.py.)
+    """
+    import sys
+
+    sys.path.insert(0, str(APP))
+    from batched import run_paper
+
+    values = {"algorithm": "lips", "dataset": "digits", "model": "digits-cnn", "num-server-rounds": 5,
+              "every": 2, "tau0": 0.5, "samples-per-client": 60, "test-samples": 80, "alpha": 0.5,
+              "local-epochs": 1, "batch-size": 30, "lr": 0.05, "device": "cpu"}
+    ours, theirs = tmp_path / "batched.json", tmp_path / "flwr.json"
+    assert run_paper({**values, "results-path": str(ours)}, num_nodes=3) is None
+    run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in {**values, "results-path": str(theirs)}.items())
+    run_id = flwr.run(APP, run_config, "num-supernodes=3 client-resources-num-cpus=1")
+    assert flwr.wait(run_id, timeout=RUN_TIMEOUT_S) == "finished:completed", flwr.logs(run_id)[-4000:]
+    a, b = (json.loads(p.read_text())["rounds"] for p in (ours, theirs))
+    assert sorted(a, key=int) == sorted(b, key=int) == ["1", "2", "3", "4", "5"]
+    for r in a:
+        assert a[r]["train"]["lips-mask-round"] == b[r]["train"]["lips-mask-round"]
+        assert abs(a[r]["evaluate"]["acc-after"] - b[r]["evaluate"]["acc-after"]) <= 0.005, r
+        assert abs(a[r]["train"]["acc-before"] - b[r]["train"]["acc-before"]) <= 0.005, r

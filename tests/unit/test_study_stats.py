@@ -1,0 +1,88 @@
+"""The pre-registered study's statistics and endpoint, on known numbers (examples/paper/stats.py, prereg.py)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+scipy = pytest.importorskip("scipy")
+PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+sys.path.insert(0, str(PAPER))
+
+import prereg  # noqa: E402
+from stats import holm, paired, sign_test  # noqa: E402
+
+
+def test_paired_t_test_ci_and_sign_test_match_their_definitions():
+    d = [0.01, 0.03, -0.01, 0.02, 0.04, 0.00]
+    out = paired(d)
+    mean = sum(d) / 6
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 5)  # ddof = 1
+    assert out["mean"] == pytest.approx(mean) and out["sd"] == pytest.approx(sd)
+    half = scipy.stats.t.ppf(0.975, 5) * sd / math.sqrt(6)
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx((mean - half, mean + half))
+    assert out["p_t"] == pytest.approx(scipy.stats.ttest_1samp(d, 0.0).pvalue)
+    # 4 wins, 1 loss, 1 tie dropped: P(X <= 1 | n=5) * 2 = 2 * 6/32
+    assert out["p_sign"] == pytest.approx(12 / 32) and (out["wins"], out["losses"]) == (4, 1)
+
+
+def test_sign_test_extremes_and_degenerate_inputs():
+    assert sign_test([1, 2, 3, 4, 5, 6]) == pytest.approx(2 / 64)  # the smallest p with 6 seeds
+    assert sign_test([0, 0]) == 1.0
+    same = paired([0.02, 0.02, 0.02])
+    assert same["p_t"] == 0.0 and same["ci_low"] == same["ci_high"] == pytest.approx(0.02)
+    assert paired([0.0, 0.0])["p_t"] == 1.0
+    with pytest.raises(ValueError, match="at least 2"):
+        paired([0.1])
+
+
+def test_holm_is_step_down_monotone_and_capped():
+    assert holm({"H1": 0.01, "H2": 0.04, "H3": 0.03}) == pytest.approx({"H1": 0.03, "H2": 0.06, "H3": 0.06})
+    assert holm({"a": 0.6, "b": 0.5}) == {"a": 1.0, "b": 1.0}
+
+
+def run(after: dict[int, float], rounds: int = 20, every: int = 5, masks: dict[int, int] | None = None) -> dict:
+    masks = masks or {}
+    return {"run_config": {"num-server-rounds": rounds, "every": every},
+            "rounds": {str(r): {"evaluate": {"acc-after": a},
+                                "train": {"lips-mask-round": int(r in masks), "lips-zeros": masks.get(r, 0)}}
+                       for r, a in after.items()}}
+
+
+def test_endpoint_is_the_mean_of_the_last_ten_rounds_and_needs_all_of_them():
+    data = run({r: r / 100 for r in range(1, 21)})
+    assert prereg.endpoint(data) == pytest.approx(sum(range(11, 21)) / 1000)
+    del data["rounds"]["15"]
+    assert prereg.endpoint(data) is None
+
+
+def test_verdicts_follow_the_protocol_words():
+    assert prereg.verdict({"ci_low": 0.01, "ci_high": 0.03}, 0.01) == "supported"
+    assert prereg.verdict({"ci_low": -0.03, "ci_high": -0.01}, 0.01) == "contradicted"
+    assert prereg.verdict({"ci_low": 0.01, "ci_high": 0.03}, 0.2) == "no effect detected"
+
+
+def test_setbacks_compare_a_mask_round_with_the_round_before_and_count_recovery():
+    after = {r: 0.5 for r in range(1, 21)}
+    after.update({6: 0.45, 7: 0.48, 8: 0.51, 11: 0.52})
+    out = prereg.setbacks(run(after, masks={1: 10, 6: 10, 11: 10, 16: 0}))
+    assert out == [(pytest.approx(-0.05), 2), (pytest.approx(0.02), 0)]  # round 1: before 6; 16: zeroed nothing
+
+
+def test_inertia_rule_middle_against_first_and_last_layers():
+    def steps(early, late):
+        return {r: (early if r <= 6 else late) for r in range(1, 21)}
+
+    layers = {"first": steps(0.1, 0.05), "mid": steps(0.1, 0.01), "last": steps(0.1, 0.05)}
+    data = {"run_config": {"num-server-rounds": 20},
+            "rounds": {str(r): {"train": {f"inertia-rel-step/{n}": s[r] for n, s in layers.items()}}
+                       for r in range(1, 21)}}
+    out = prereg.inertia_rho(data, ["mid"], ["first", "last"])
+    assert out["rho"]["mid"] == pytest.approx(0.1) and out["edges"] == pytest.approx(0.5) and out["arises"]
+    layers["mid"] = steps(0.1, 0.05)  # everything slows together: convergence, not inertia
+    data["rounds"] = {str(r): {"train": {f"inertia-rel-step/{n}": s[r] for n, s in layers.items()}}
+                      for r in range(1, 21)}
+    assert not prereg.inertia_rho(data, ["mid"], ["first", "last"])["arises"]
