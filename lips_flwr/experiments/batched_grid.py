@@ -86,6 +86,9 @@ class BatchedGrid(Grid):
     chunk_size : int or None (default: None)
         The most clients trained at once by the stacked engine; ``None``: a
         whole round, halved on a CUDA out-of-memory error.
+    autocast : torch.dtype or None (default: None)
+        With the stacked engine, the clients' forward passes under
+        ``torch.autocast`` in this dtype (``torch.bfloat16``); ``None``: float32.
     run_id : int (default: 1)
     """
 
@@ -97,6 +100,7 @@ class BatchedGrid(Grid):
         run_config: dict,
         engine: str = "auto",
         chunk_size: int | None = None,
+        autocast: torch.dtype | None = None,
         run_id: int = 1,
     ) -> None:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
@@ -109,6 +113,7 @@ class BatchedGrid(Grid):
         if engine == "auto":
             engine = "stacked" if torch.cuda.is_available() else "sequential"
         self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
+        self.autocast = autocast
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config)
         self.contexts = {
@@ -185,7 +190,7 @@ class BatchedGrid(Grid):
         if self.engine == "sequential":
             replies = [self._call_client(msg) for msg in pending]
         else:
-            rendezvous = Rendezvous(chunk_size=self.chunk_size)
+            rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast)
             replies = rendezvous.run([_bound(self._call_client, msg, rendezvous) for msg in pending])
             self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
             self.stacked_calls += rendezvous.stacked
@@ -203,6 +208,7 @@ def run_batched(
     num_nodes: int,
     engine: str = "auto",
     chunk_size: int | None = None,
+    autocast: torch.dtype | None = None,
     run_id: int = 1,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
@@ -213,7 +219,7 @@ def run_batched(
     ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
-                       chunk_size=chunk_size, run_id=run_id)
+                       chunk_size=chunk_size, autocast=autocast, run_id=run_id)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):

@@ -64,10 +64,13 @@ class Rendezvous:
         The most calls run at once; ``None``: all of a gathering. A chunk that
         raises a CUDA out-of-memory error is halved (down to one call), and
         the smaller size is kept in :attr:`chunk_size`.
+    autocast : torch.dtype or None
+        Stacked calls' forward passes under ``torch.autocast`` in this dtype
+        (e.g. ``torch.bfloat16``); ``None``: float32, as the ClientApp.
     """
 
-    def __init__(self, chunk_size: int | None = None) -> None:
-        self.chunk_size = chunk_size
+    def __init__(self, chunk_size: int | None = None, autocast: torch.dtype | None = None) -> None:
+        self.chunk_size, self.autocast = chunk_size, autocast
         self._cond = threading.Condition()
         self._calls: list[_Call] = []
         self._running = 0  # client threads neither waiting in a call nor finished
@@ -147,7 +150,7 @@ class Rendezvous:
                 size = self.chunk_size or len(group)
                 chunk = group[start:start + size]
                 try:
-                    _run_together(chunk)
+                    _run_together(chunk, self.autocast)
                     self.stacked += len(chunk) if len(chunk) > 1 else 0
                     self.one_by_one += 1 if len(chunk) == 1 else 0
                 except torch.cuda.OutOfMemoryError:
@@ -164,7 +167,7 @@ class Rendezvous:
                 start += len(chunk)
 
 
-def _run_together(chunk: list[_Call]) -> None:
+def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> None:
     if len(chunk) == 1:
         _run_one_by_one(chunk)
         return
@@ -174,9 +177,9 @@ def _run_together(chunk: list[_Call]) -> None:
     if chunk[0].kind == "train":
         settings = {k: v for k, v in chunk[0].kwargs.items() if k != "seed"}
         seeds = [int(c.kwargs.get("seed", 0)) for c in chunk]
-        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, **settings))
+        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast, **settings))
     else:
-        results = list(evaluate_stacked(nets, data))
+        results = list(evaluate_stacked(nets, data, autocast=autocast))
     for call, result in zip(chunk, results):
         call.result = result
 

@@ -163,10 +163,15 @@ def _seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` in ``dtype`` on ``device``; a no-op when ``dtype`` is ``None``."""
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]], *,
                   seeds: Sequence[int], epochs: int, lr: float = 0.1, momentum: float = 0.9,
                   batch_size: int = 100, augmentation: str = "none", weight_decay: float = 0.0,
-                  decay_only: set[str] | None = None) -> list[float]:
+                  decay_only: set[str] | None = None, autocast: torch.dtype | None = None) -> list[float]:
     """Train every net in place on its own (x, y), like ``train_tensors``; return the mean losses.
 
     Client ``i`` gets ``train_tensors(nets[i], *data[i], seed=seeds[i], ...)``
@@ -178,6 +183,10 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
     to rounding, except under dropout (same distribution, different draws).
     Raises ``ValueError`` (see :func:`check_stackable`) for nets or data that
     cannot be stacked, or a seed count that differs from the net count.
+
+    ``autocast`` (e.g. ``torch.bfloat16``): the forward passes and losses run
+    under ``torch.autocast`` in that dtype; parameters, gradients and the
+    optimizer stay in their own dtype. Not the sequential loop's numbers.
     """
     check_stackable(nets, data)
     if len(seeds) != len(nets):
@@ -197,7 +206,8 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
             for start in range(0, n, batch_size):
                 xb, yb = _batch(data, orders, generators, start, batch_size, augmentation)
                 opt.zero_grad()
-                losses = _client_losses(template, params, buffers, xb, yb)
+                with _autocast(device, autocast):
+                    losses = _client_losses(template, params, buffers, xb, yb)
                 losses.sum().backward()
                 opt.step()
                 for i, value in enumerate(losses.tolist()):  # one sync per step, not per client
@@ -209,8 +219,9 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
 
 @torch.no_grad()
 def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]],
-                     batch_size: int = 1000) -> list[tuple[float, float]]:
-    """(mean loss, accuracy) per net, like evaluate_tensors."""
+                     batch_size: int = 1000,
+                     autocast: torch.dtype | None = None) -> list[tuple[float, float]]:
+    """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``: as in :func:`train_stacked`)."""
     check_stackable(nets, data)
     template = nets[0]
     for net in nets:
@@ -220,14 +231,16 @@ def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Ten
 
     def scores(p: Stacked, b: Stacked, xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
         logits = functional_call(template, (p, b), (xb,))
-        return F.cross_entropy(logits, yb, reduction="sum"), (logits.argmax(dim=1) == yb).sum()
+        return (F.cross_entropy(logits.float(), yb, reduction="sum"),
+                (logits.argmax(dim=1) == yb).sum())
 
     batched = vmap(scores, randomness="different")
     n = x.shape[1]
     losses, correct = [0.0] * len(nets), [0] * len(nets)
     for start in range(0, n, batch_size):
-        loss, hits = batched(params, buffers, x[:, start:start + batch_size],
-                             y[:, start:start + batch_size])
+        with _autocast(x.device, autocast):
+            loss, hits = batched(params, buffers, x[:, start:start + batch_size],
+                                 y[:, start:start + batch_size])
         for i, (value, h) in enumerate(zip(loss.tolist(), hits.tolist())):
             losses[i] += value
             correct[i] += int(h)

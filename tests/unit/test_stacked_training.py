@@ -176,3 +176,21 @@ def test_dropout_hooks_apply_and_are_reproducible() -> None:
     plain = [copy.deepcopy(net) for net in initial]
     assert train_stacked(plain, data, seeds=[1, 2], epochs=1, lr=0.1, momentum=0.9,
                          batch_size=4) != losses_a
+
+
+def test_bfloat16_autocast_trains_close_to_float32_and_leaves_parameters_float32():
+    """An option for accelerators: not the sequential loop's numbers, but the same training."""
+    torch.manual_seed(0)
+    base = DigitsCNN()
+    data = [(torch.randn(20, 1, 8, 8), torch.randint(0, 10, (20,))) for _ in range(2)]
+    nets32 = [copy.deepcopy(base) for _ in data]
+    nets16 = [copy.deepcopy(base) for _ in data]
+    kwargs = dict(seeds=[1, 2], epochs=1, lr=0.05, momentum=0.9, batch_size=10)
+    loss32 = train_stacked(nets32, data, **kwargs)
+    loss16 = train_stacked(nets16, data, autocast=torch.bfloat16, **kwargs)
+    assert loss16 != loss32 and loss16 == pytest.approx(loss32, rel=0.05)
+    for a, b in zip(nets32, nets16):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert y.dtype == x.dtype, name
+    evals = evaluate_stacked(nets16, data, autocast=torch.bfloat16)
+    assert [acc for _, acc in evals] == pytest.approx([acc for _, acc in evaluate_stacked(nets16, data)], abs=0.1)

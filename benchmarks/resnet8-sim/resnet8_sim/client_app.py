@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod
 from lips_flwr.experiments.models import ResNet8
-from lips_flwr.experiments.training import train_tensors
+from lips_flwr.experiments.training import SEQUENTIAL, local_compute
 
 app = ClientApp(mods=[fedbn_mod, lips_mod])
 
@@ -45,7 +45,8 @@ def train(msg: Message, context: Context) -> Message:
     net = ResNet8(num_classes=classes).to(device)
     net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     rnd = int(msg.content["config"].get("server-round", 0))
-    loss = train_tensors(net, x, y, epochs=int(cfg["local-epochs"]),
+    compute = local_compute()  # train_tensors; on the batched Grid, with the other clients at once
+    loss = compute.train(net, x, y, epochs=int(cfg["local-epochs"]),
                          batch_size=int(cfg["batch-size"]), lr=0.1, momentum=0.9,
                          seed=int(cfg["seed"]) * 1000 + rnd)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in net.state_dict().items()})
@@ -53,7 +54,8 @@ def train(msg: Message, context: Context) -> Message:
     if device.type == "cuda":
         gpu_mb = torch.cuda.max_memory_allocated(device) / 2**20
         del net, x, y
-        torch.cuda.empty_cache()
+        if compute is SEQUENTIAL:  # an idle Ray actor's cache; the batched Grid's is shared
+            torch.cuda.empty_cache()
     metrics = MetricRecord({
         "num-examples": n,
         "train-loss": loss,
