@@ -231,7 +231,9 @@ def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Ten
 
     def scores(p: Stacked, b: Stacked, xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
         logits = functional_call(template, (p, b), (xb,))
-        return (F.cross_entropy(logits.float(), yb, reduction="sum"),
+        # under autocast the logits may be bfloat16: sum the losses in at least float32
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return (F.cross_entropy(wide, yb, reduction="sum"),
                 (logits.argmax(dim=1) == yb).sum())
 
     batched = vmap(scores, randomness="different")

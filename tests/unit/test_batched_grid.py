@@ -82,7 +82,7 @@ def test_bad_arguments_name_the_problem():
 def test_rendezvous_gathers_every_call_of_a_phase_and_halves_a_chunk_on_out_of_memory(monkeypatch):
     gathered: list[int] = []
 
-    def fake_together(chunk):
+    def fake_together(chunk, autocast=None):
         if len(chunk) > 2:
             raise torch.cuda.OutOfMemoryError("too many")
         gathered.append(len(chunk))
@@ -112,7 +112,7 @@ def _with(engine, fn):
 
 
 def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
-    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk: 1 / 0)
+    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk, autocast=None: 1 / 0)
     rendezvous = Rendezvous()
     nets = [torch.nn.Linear(1, 2) for _ in range(3)]
     xs = [torch.zeros(4, 1), torch.zeros(4, 1), torch.zeros(4, 1)]
