@@ -19,6 +19,7 @@ replies carry their arrays, and their own loop (``start()`` vs the legacy
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
@@ -33,6 +34,7 @@ from ..core.lips import OPTIONS, TRIGGER_OPTIONS, LIPSCore, RoundOutcome
 from ..protocol import evaluate_config, train_config
 from ._cache_sync import snapshot_caches, strategy_chain, sync_cached_models
 from ._checkpointing import CheckpointKeeper
+from ._reply_checks import ModelHeaders
 from ._strategy_state import ndarray_state, ndarray_value
 
 CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
@@ -84,6 +86,9 @@ class LIPSAdapter:
     _lips_previous: Any = None  # the global model of the current round, in the API's type
     _lips_done = 0  # rounds done before this run (from the checkpoint)
     _lips_history: dict | None = None  # per-round metrics to checkpoint (Message API's start())
+    # The global model's headers for the reply checks, read once per global model:
+    # (the model, its ModelHeaders, its serialized arrays then).
+    _lips_headers: tuple[Any, ModelHeaders, list] | None = None
 
     # ------------------------------------------------------------ construction
     def _init_lips(self, options: Mapping[str, Any]) -> None:
@@ -128,6 +133,7 @@ class LIPSAdapter:
         the same random numbers.
         """
         self._lips_keeper.before_round()
+        self._lips_headers = None  # of the last global model: read from this one when replies come
         views = self._views(model)
         if self._lips_previous is None:
             self._check_first_model(views)
@@ -145,6 +151,34 @@ class LIPSAdapter:
     def _evaluate_keys(self, server_round: int) -> dict:
         """The ``lips-*`` keys of an evaluate config (the run key and round, when checkpointing)."""
         return evaluate_config(server_round, self._lips_keeper.run_key)
+
+    def _model_headers(self) -> ModelHeaders:
+        """The headers of the round's global model (:class:`ModelHeaders`), read once per model.
+
+        Read again when the model holds other names or other serialized
+        arrays than when they were read (it is the caller's object: it may change).
+        """
+        headers = self._cached_headers()
+        if headers is None:
+            names, datas = self._serialized(self._lips_previous)
+            headers = ModelHeaders(dict(zip(names, datas)))
+            self._lips_headers = (self._lips_previous, headers, datas)
+        return headers
+
+    def _cached_headers(self) -> ModelHeaders | None:
+        """:meth:`_model_headers` if they were read from the global model as it is now, else ``None``."""
+        cached, model = self._lips_headers, self._lips_previous
+        if cached is None or cached[0] is not model:
+            return None
+        names, datas = self._serialized(model)
+        same = (cached[1].names == tuple(names) and len(datas) == len(cached[2])
+                and all(map(operator.is_, datas, cached[2])))
+        return cached[1] if same else None
+
+    def _previous_views(self) -> Model:
+        """``name -> ndarray`` read-only views of the round's global model (``_lips_previous``)."""
+        headers = self._cached_headers()  # read by this round's reply checks
+        return self._views(self._lips_previous) if headers is None else headers.views
 
     def _checked(
         self, replies: Iterable[Reply], problem: Callable[[Reply], tuple[str, str | None]]
@@ -217,7 +251,7 @@ class LIPSAdapter:
             drop(replies.pop(index), reason)
             aggregate, metrics = inner(replies)
             views = None if aggregate is None else self._aggregate_views(aggregate)
-        previous = None if self._lips_previous is None else self._views(self._lips_previous)
+        previous = None if self._lips_previous is None else self._previous_views()
         outcome = self.core.round(server_round, views, previous, aggregate_finite=True)  # checked above
         if aggregate is None:  # nothing to mask, nothing to report: the global model stays
             self._log_round(server_round, outcome, client_reports)
@@ -287,6 +321,10 @@ class LIPSAdapter:
     # -------------------------------------------- conversions (per API)
     def _views(self, model: Any) -> Model:
         """``name -> ndarray`` read-only views of a global model in the API's type."""
+        raise NotImplementedError
+
+    def _serialized(self, model: Any) -> tuple[list[str], list[Any]]:
+        """The names and the ``.npy`` bytes of a global model's arrays, in its order."""
         raise NotImplementedError
 
     def _aggregate_views(self, aggregate: Any) -> Model:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import TypeVar
+from operator import attrgetter
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from .._npy import read_npy
+from .._npy import NUMPY_SERIALIZATION, read_npy
 from ._reply_checks import (
     MISSING,
     ModelHeaders,
@@ -30,6 +32,7 @@ from ._reply_checks import (
 )
 
 _R = TypeVar("_R")
+_DATA, _STYPE = attrgetter("data"), attrgetter("stype")
 
 
 def records(msg: Message, kind: type[_R]) -> list[tuple[str, _R]]:
@@ -41,6 +44,30 @@ def records(msg: Message, kind: type[_R]) -> list[tuple[str, _R]]:
     return [(name, record) for name, record in msg.content.items() if isinstance(record, kind)]
 
 
+def split_records(items: list[tuple[str, Any]]) -> tuple[list[tuple[str, ArrayRecord]],
+                                                          list[tuple[str, MetricRecord]]]:
+    """The ArrayRecords and the MetricRecords among a reply's ``(name, record)`` items, in one pass.
+
+    The same as :func:`records` of each kind; Flower's own record types are
+    recognised by ``type(...) is`` (``isinstance`` of these abstract-base
+    subclasses goes through ``ABCMeta``), any other by ``isinstance``.
+    """
+    arrays, metrics = [], []
+    for item in items:
+        record = item[1]
+        kind = type(record)
+        if kind is ArrayRecord:
+            arrays.append(item)
+        elif kind is MetricRecord:
+            metrics.append(item)
+        elif kind is not ConfigRecord:
+            if isinstance(record, ArrayRecord):
+                arrays.append(item)
+            if isinstance(record, MetricRecord):
+                metrics.append(item)
+    return arrays, metrics
+
+
 def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Message]:
     """The error replies and the ``kept`` ones, in the order ``replies`` came.
 
@@ -48,76 +75,138 @@ def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Messag
     without LIPS, so ``tau0=0`` reproduces it bit for bit. (An app that wants
     the same bits in every run orders replies by content itself: the paper
     app's ``StableFedAvg``; node ids are new in every simulation run.)
+    ``kept`` is drawn from ``replies``' non-error replies: when it holds as
+    many as ``replies``, nothing was dropped and no reply is an error.
     """
+    if len(kept) == len(replies):
+        return list(replies)
     keep = {id(msg) for msg in kept}
     return [msg for msg in replies if msg.has_error() or id(msg) in keep]
 
 
-def train_problem(
-    msg: Message, headers: ModelHeaders, weight_key: str | None
-) -> tuple[str | None, Mapping[str, np.dtype], dict[str, Array]]:
-    """Why a train reply cannot be aggregated into the global model, or ``None``; its dtypes and arrays.
+def record_dict(record: ArrayRecord) -> dict[str, Array]:
+    """``dict(record.items())``, as one C copy when ``items()`` is a view of a dict (Flower's records)."""
+    items = record.items()
+    mapping = getattr(items, "mapping", None)  # a dict view's read-only proxy of its dict
+    return mapping.copy() if type(mapping) is MappingProxyType else dict(items)
+
+
+def record_bytes(record: ArrayRecord) -> tuple[list[str], list[Any]]:
+    """The names and the serialized arrays (``Array.data``) of an ArrayRecord, in its order."""
+    return list(record), list(map(_DATA, record.values()))
+
+
+class TrainReply:
+    """What the checks read from one train reply, once: everything later steps need from it.
+
+    ``reason``: why it cannot be aggregated, or ``None``; ``content`` and
+    ``items``: its RecordDict and that dict's ``(name, record)`` pairs as
+    they came. When ``reason`` is ``None``: ``record``, its one ArrayRecord,
+    and ``arrays``, that record's ``name -> Array``; ``dtypes``, its arrays'
+    dtypes; ``signature``, what it must share with the other replies
+    (:func:`consistent`).
+    """
+
+    __slots__ = ("arrays", "content", "dtypes", "items", "reason", "record", "signature")
+
+    def __init__(self, reason: str | None, content: Any, items: list[tuple[str, Any]]) -> None:
+        self.reason, self.content, self.items = reason, content, items
+        self.record: ArrayRecord | None = None
+        self.arrays: dict[str, Array] = {}
+        self.dtypes: Mapping[str, np.dtype] = {}
+        self.signature: tuple = ((), ())
+
+
+def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -> TrainReply:
+    """Why a train reply cannot be aggregated into the global model (``.reason``), and what was read.
 
     One numpy-serialized ArrayRecord whose names and shapes match the global
     model and whose arrays are real numbers; when the wrapped strategy weights
     by a metric, one MetricRecord with a positive, finite scalar for it.
-    Headers only (:func:`._reply_checks.fast_reply_problem`).
+    Headers only (:func:`._reply_checks.fast_reply_problem`); one pass over
+    the reply's records, and over its arrays' attributes, in C loops when its
+    arrays are like the global model's (:meth:`ModelHeaders.all_same_in_order`).
+    The reply's consistency signature (:func:`signature`) is built here too.
     """
-    found = records(msg, ArrayRecord)
+    content = msg.content
+    items = list(content.items())
+    found, metrics = split_records(items)
     if len(found) != 1:
-        return f"expected one ArrayRecord, got {len(found)}", {}, {}
-    arrays = dict(found[0][1].items())
-    reason = serialization_problem({n: a.stype for n, a in arrays.items()})
-    if reason is not None:
-        return reason, {}, arrays
-    num_examples: object = None
-    if weight_key is not None:
-        reason, num_examples = _weight(msg, weight_key)
+        return TrainReply(f"expected one ArrayRecord, got {len(found)}", content, items)
+    record_name, record = found[0]
+    arrays = record_dict(record)
+    values = list(arrays.values())
+    stypes = list(map(_STYPE, values))
+    if stypes.count(NUMPY_SERIALIZATION) != len(stypes):
+        reason = serialization_problem(dict(zip(arrays, stypes)))
         if reason is not None:
-            return reason, {}, arrays
-    tensors = {n: a.data for n, a in arrays.items()}
-    reason, dtypes = fast_reply_problem(headers, tensors, num_examples, weight_key or "num-examples")
-    return reason, dtypes, arrays
+            return TrainReply(reason, content, items)
+    if weight_key is not None:
+        reason = _weight(metrics, weight_key)[0]
+        if reason is not None:
+            return TrainReply(reason, content, items)
+    datas = list(map(_DATA, values))
+    if tuple(arrays) == headers.names and headers.all_same_in_order(datas):
+        dtypes: Mapping[str, np.dtype] = headers.dtype
+        names = headers.sorted_names
+    else:  # the example count is checked above
+        reason, dtypes = fast_reply_problem(headers, dict(zip(arrays, datas)))
+        if reason is not None:
+            return TrainReply(reason, content, items)
+        names = tuple(sorted(arrays))
+    checked = TrainReply(None, content, items)
+    checked.record, checked.arrays, checked.dtypes = record, arrays, dtypes
+    checked.signature = (((record_name, names),), _metric_part(metrics))
+    return checked
 
 
 def evaluate_problem(msg: Message, weight_key: str | None) -> str | None:
     """Why an evaluate reply cannot be aggregated, or ``None``: its weight, as for train replies."""
-    return None if weight_key is None else _weight(msg, weight_key)[0]
+    return None if weight_key is None else _weight(split_records(list(msg.content.items()))[1], weight_key)[0]
 
 
-def _weight(msg: Message, weight_key: str) -> tuple[str | None, object]:
-    metrics = records(msg, MetricRecord)
+def _weight(metrics: list[tuple[str, MetricRecord]], weight_key: str) -> tuple[str | None, object]:
     if len(metrics) != 1:
         return f"expected one MetricRecord, got {len(metrics)}", None
     value = metrics[0][1].get(weight_key, MISSING)
     return num_examples_problem(value, weight_key), value
 
 
-def _signature(msg: Message, arrays: bool) -> tuple:
+def signature(msg: Message, arrays: bool) -> tuple:
     """What replies must share to be aggregated together: record names, array names, metric kinds."""
+    found, metrics = split_records(list(msg.content.items()))
     array_part: tuple = ()
     if arrays:
-        array_part = tuple((name, tuple(sorted(record.keys()))) for name, record in records(msg, ArrayRecord))
-    metric_part = tuple(
-        (name, tuple(sorted((key, _kind(value)) for key, value in record.items())))
-        for name, record in records(msg, MetricRecord)
+        array_part = tuple((name, tuple(sorted(record.keys()))) for name, record in found)
+    return array_part, _metric_part(metrics)
+
+
+def _metric_part(metrics: list[tuple[str, MetricRecord]]) -> tuple:
+    """Per MetricRecord, its name and sorted ``(key, kind)`` pairs (``kind``: scalar, or a list's length)."""
+    return tuple(
+        (name, tuple(sorted([(key, ("list", len(value)) if isinstance(value, list) else "scalar")
+                             for key, value in record.items()])))
+        for name, record in metrics
     )
-    return array_part, metric_part
 
 
-def _kind(value: object) -> object:
-    return ("list", len(value)) if isinstance(value, list) else "scalar"
-
-
-def consistent(replies: list[Message], arrays: bool) -> tuple[list[Message], dict[int, str]]:
+def consistent(
+    replies: list[Message], arrays: bool, signatures: list[tuple] | None = None
+) -> tuple[list[Message], dict[int, str]]:
     """The replies that share the most common signature, and why each other one differs.
 
     Ties go to the signature of the first reply that has one of the tied
-    signatures (replies in arrival order). Returns ``(kept, {index in replies: reason})``.
+    signatures (replies in arrival order). ``signatures``: each reply's
+    :func:`signature`, when already built (:func:`train_problem`). Returns
+    ``(kept, {index in replies: reason})``.
     """
     if len(replies) < 2:
         return replies, {}
-    signatures = [_signature(msg, arrays) for msg in replies]
+    if signatures is None:
+        signatures = [signature(msg, arrays) for msg in replies]
+    first = signatures[0]
+    if signatures.count(first) == len(signatures):  # a good round: one signature
+        return replies, {}
     counts = Counter(signatures)
     best = max(counts.values())
     chosen = next(sig for sig in signatures if counts[sig] == best)
@@ -162,6 +251,8 @@ def cast_replies(
     or integer reply listed first would otherwise narrow the whole aggregate
     (see :func:`._reply_checks.common_dtypes`). On a good round nothing is cast.
     """
+    if all(found is dtypes[0] for found in dtypes):  # one shared map (headers like the global model's)
+        return set()
     chosen = common_dtypes(dtypes, previous)
     cast = set()
     for msg, found in zip(replies, dtypes):

@@ -129,7 +129,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         failures = list(failures)
         results = list(results)
         if self._lips_previous is not None:
-            headers = ModelHeaders(dict(zip(self._names(self._lips_previous), self._lips_previous.tensors)))
+            headers = self._model_headers()
             dtypes: dict[int, Mapping[str, np.dtype]] = {}
 
             def problem(result: tuple[ClientProxy, FitRes]) -> tuple[str, str | None]:
@@ -177,15 +177,19 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self, result: tuple[ClientProxy, FitRes], headers: ModelHeaders
     ) -> tuple[str | None, Mapping[str, np.dtype]]:
         _, res = result
-        names, tensors = list(headers.shape), res.parameters.tensors
+        names, tensors = headers.names, res.parameters.tensors
         if len(tensors) != len(names):
             return f"{len(tensors)} arrays, expected {len(names)}", {}
+        if headers.all_same_in_order(tensors):  # the usual case: no name -> bytes dict to build
+            return num_examples_problem(res.num_examples, "num_examples"), headers.dtype
         return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
 
     def _cast_results(
         self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
     ) -> None:
         """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.common_dtypes`)."""
+        if all(found is dtypes[0] for found in dtypes):  # one shared map (headers like the global model's)
+            return
         chosen = common_dtypes(dtypes, previous)
         for (_, res), found in zip(results, dtypes):
             for i, (name, dtype) in enumerate(found.items()):
@@ -235,6 +239,9 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def _views(self, model: Parameters) -> dict[str, np.ndarray]:
         # Read-only views of the serialized bytes, no copy: LIPS only reads these.
         return dict(zip(self._names(model), map(read_npy, model.tensors)))
+
+    def _serialized(self, model: Parameters) -> tuple[list[str], list[Any]]:
+        return self._names(model), list(model.tensors)
 
     def _with_model(self, aggregate: Parameters, model: Mapping[str, np.ndarray],
                     views: Mapping[str, np.ndarray]) -> Parameters:

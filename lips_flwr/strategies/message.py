@@ -9,28 +9,34 @@ round's sequence is :class:`._adapter.LIPSAdapter`'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from io import BytesIO
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
+from typing import cast as cast_to
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
+from .._npy import NUMPY_SERIALIZATION
 from .._records import numpy_to_record, record_to_numpy, record_views
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._message_loop import empty_history, history_from_json, run_start
 from ._message_replies import (
+    TrainReply,
     cast_replies,
     consistent,
     evaluate_problem,
     in_arrival_order,
     nonfinite_culprit,
+    record_bytes,
+    record_dict,
     records,
+    split_records,
     train_problem,
 )
-from ._reply_checks import ModelHeaders
 from ._wrappers import MessageWrapper
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
@@ -101,27 +107,35 @@ class _LIPSMixin(LIPSAdapter):
         """
         replies = list(replies)
         usable = [msg for msg in replies if not msg.has_error()]
-        arrays_of: dict[int, dict] = {}  # each reply's name -> Array, read once
+        read: dict[int, TrainReply] = {}  # what the checks read from each reply, read once
         if self._lips_previous is not None:
-            headers = ModelHeaders({name: a.data for name, a in self._lips_previous.items()})
+            headers = self._model_headers()
             weight_key = self._weight_key()
-            dtypes: dict[int, Mapping[str, np.dtype]] = {}
 
             def problem(msg: Message) -> tuple[str, str | None]:
-                reason, dtypes[id(msg)], arrays_of[id(msg)] = train_problem(msg, headers, weight_key)
-                return _sender(msg), reason
+                found = read[id(msg)] = train_problem(msg, headers, weight_key)
+                return ("" if found.reason is None else _sender(msg)), found.reason  # a sender only to log
 
             usable, _ = self._checked(usable, problem)
-            usable = self._consistent(usable, arrays=True)
-            for cast in cast_replies(usable, [dtypes[id(msg)] for msg in usable], headers.dtype):
-                del arrays_of[cast]  # its record holds new Arrays now: snapshot it below
+            usable = self._consistent(usable, True, [read[id(msg)].signature for msg in usable])
+            for cast in cast_replies(usable, [read[id(msg)].dtypes for msg in usable], headers.dtype):
+                read[cast].arrays = record_dict(cast_to(ArrayRecord, read[cast].record))  # its new Arrays
         inner = super().aggregate_train  # type: ignore[misc]
         # Some strategies consume the replies (FedMedian pops their arrays): a retry
         # after a non-finite aggregate needs them back.
         # DP wrappers rebind a reply's records (content[name] = clipped): keep the bindings too.
-        contents = [(record, arrays_of.get(id(msg)) or dict(record))
-                    for msg in usable for _, record in records(msg, ArrayRecord)]
-        bindings = [(msg.content, list(msg.content.items())) for msg in usable]
+        contents: list[tuple[ArrayRecord, dict]] = []  # each ArrayRecord with its arrays as they are now
+        bindings: list[tuple[Any, list]] = []  # each RecordDict with its records
+        for msg in usable:
+            checked = read.get(id(msg))
+            if checked is None:  # not checked (no global model yet): read it here
+                content = msg.content
+                items = list(content.items())
+                contents += [(record, record_dict(record)) for _, record in split_records(items)[0]]
+            else:  # checked: its one ArrayRecord was read above
+                content, items = checked.content, checked.items
+                contents.append((cast_to(ArrayRecord, checked.record), checked.arrays))
+            bindings.append((content, items))
         calls: list[int] = []
 
         def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -152,8 +166,10 @@ class _LIPSMixin(LIPSAdapter):
         usable = self._consistent(usable, arrays=False)
         return super().aggregate_evaluate(server_round, in_arrival_order(replies, usable))  # type: ignore[misc]
 
-    def _consistent(self, replies: list[Message], arrays: bool) -> list[Message]:
-        kept, reasons = consistent(replies, arrays)
+    def _consistent(
+        self, replies: list[Message], arrays: bool, signatures: list[tuple] | None = None
+    ) -> list[Message]:
+        kept, reasons = consistent(replies, arrays, signatures)
         for index, reason in reasons.items():
             self._log_drop(_sender(replies[index]), reason)
         return kept
@@ -171,6 +187,9 @@ class _LIPSMixin(LIPSAdapter):
     def _views(self, model: ArrayRecord) -> dict[str, np.ndarray]:
         return record_views(model)
 
+    def _serialized(self, model: ArrayRecord) -> tuple[list[str], list[Any]]:
+        return record_bytes(model)
+
     def _aggregate_views(self, aggregate: ArrayRecord) -> dict[str, np.ndarray]:
         # Layers are chosen in the global model's order: the aggregate's follows
         # whichever client replied first.
@@ -181,8 +200,9 @@ class _LIPSMixin(LIPSAdapter):
 
     def _with_model(self, aggregate: ArrayRecord, model: Mapping[str, np.ndarray],
                     views: Mapping[str, np.ndarray]) -> ArrayRecord:
-        changed = [n for n in model if model[n] is not views[n]]
-        return numpy_to_record(model, aggregate, changed, order=list(model))
+        # The masked layers, serialized anew; every other Array is the aggregate's own.
+        return ArrayRecord({name: aggregate[name] if array is views[name] else _to_array(array)
+                            for name, array in model.items()})
 
     def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
         if isinstance(value, ArrayRecord):
@@ -214,6 +234,27 @@ def _restore(contents: list[tuple[ArrayRecord, dict]], bindings: list[tuple[Any,
     for record, arrays in contents:
         record.clear()
         record.update(arrays)
+
+
+def _to_array(array: np.ndarray) -> Array:
+    """``Array(array)`` (``np.save`` bytes of its C-order copy), with one copy of the data, not three.
+
+    Flower's ``Array(ndarray)`` writes ``np.save`` into a ``BytesIO`` in chunks
+    and copies the buffer out; here the header ``np.save`` writes (format 1.0,
+    ``numpy.lib.format``'s own functions) is joined to the array's bytes in
+    one allocation: the same bytes, for a masked ResNet-18 ~12 ms less per round.
+    Other dtypes, and a header that needs format 2.0, go through ``Array(ndarray)``.
+    """
+    array = np.asarray(array, order="C")
+    if array.dtype.kind not in "biuf" or array.dtype.hasobject:
+        return Array(array)
+    header = BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    except ValueError:  # too long for format 1.0 (np.save then writes 2.0)
+        return Array(array)
+    data = b"".join((header.getvalue(), array.reshape(-1).view(np.uint8).data))
+    return Array(dtype=str(array.dtype), shape=tuple(array.shape), stype=NUMPY_SERIALIZATION, data=data)
 
 
 def _sender(msg: Message) -> str:

@@ -1,0 +1,253 @@
+"""The fast paths of the reply checks decide as the plain per-array checks do.
+
+A good round is checked in C loops over whole lists (``ModelHeaders.all_same_in_order``),
+with each reply's records read once (``train_problem``) and the global model's
+headers read once per model; these tests hold each shortcut to the plain
+computation it replaces, on good and on spoiled input.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common import ndarrays_to_parameters
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.serverapp.strategy import FedAvg
+
+from flower_fakes import (
+    client_manager,
+    client_models,
+    fit_result,
+    grid,
+    reply,
+    task_identity,  # noqa: F401  (fixture)
+    tiny_model,
+    to_numpy,
+    to_record,
+)
+from lips_flwr.strategies import LIPS, LegacyLIPS
+from lips_flwr.strategies._message_replies import (
+    consistent,
+    in_arrival_order,
+    record_dict,
+    signature,
+    train_problem,
+)
+from lips_flwr.strategies._reply_checks import ModelHeaders
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+class Bytes(bytes):
+    """A bytes subclass: the fast path takes exact ``bytes`` only, as the per-name loop did."""
+
+
+def plain_all_same(model: dict[str, bytes], tensors: dict) -> bool:
+    """The check as it was written before the fast path: one array at a time, by name."""
+    heads = {}
+    for name, data in model.items():
+        size = np.load(io.BytesIO(data)).nbytes
+        heads[name] = (data[: len(data) - size], len(data))
+    if len(tensors) != len(model):
+        return False
+    for name, data in tensors.items():
+        head = heads.get(name)
+        if head is None or type(data) is not bytes or len(data) != head[1] or not data.startswith(head[0]):
+            return False
+    return True
+
+
+def _model_bytes() -> dict[str, bytes]:
+    return {name: npy(array) for name, array in tiny_model().items()}
+
+
+def _spoiled(model: dict[str, bytes]) -> dict[str, dict]:
+    names = list(model)
+    first, last = names[0], names[-1]
+    weights = tiny_model()[first]
+    return {
+        "same": dict(model),
+        "other values": {n: npy(np.asarray(v) + 1) for n, v in tiny_model().items()},
+        "other order": dict(reversed(list(model.items()))),
+        "transposed": {**model, first: npy(np.ascontiguousarray(weights.reshape(weights.shape[::-1])))},
+        "float64": {**model, first: npy(weights.astype(np.float64))},
+        "fortran order": {**model, first: npy(np.asfortranarray(weights))},
+        "truncated": {**model, last: model[last][:-4]},
+        "trailing bytes": {**model, last: model[last] + b"\0\0\0\0"},
+        "bytearray": {**model, first: bytearray(model[first])},
+        "bytes subclass": {**model, first: Bytes(model[first])},
+        "memoryview": {**model, first: memoryview(model[first])},
+        "None": {**model, first: None},
+        "missing array": {n: d for n, d in model.items() if n != last},
+        "extra array": {**model, "extra": model[first]},
+        "renamed array": {("renamed" if n == last else n): d for n, d in model.items()},
+        "empty": {},
+    }
+
+
+@pytest.mark.parametrize("case", list(_spoiled(_model_bytes())))
+def test_all_same_decides_as_the_per_name_loop(case):
+    model = _model_bytes()
+    tensors = _spoiled(model)[case]
+    headers = ModelHeaders(model)
+    fast = len(tensors) == len(headers.shape) and headers.all_same(tensors)
+    assert fast == plain_all_same(model, tensors)
+    if tuple(tensors) == headers.names:  # what the adapters call on arrays in the model's order
+        assert headers.all_same_in_order(list(tensors.values())) == fast
+    assert fast == (case in ("same", "other values", "other order"))
+
+
+def test_model_headers_views_are_the_global_model():
+    model = tiny_model()
+    headers = ModelHeaders({n: npy(a) for n, a in model.items()})
+    assert list(headers.views) == list(model) == list(headers.names)
+    for name, array in model.items():
+        np.testing.assert_array_equal(headers.views[name], array)
+        assert not headers.views[name].flags.writeable
+
+
+def test_record_dict_is_a_copy_of_the_records_arrays():
+    record = to_record(tiny_model())
+    copied = record_dict(record)
+    assert type(copied) is dict and copied == dict(record.items())
+    assert list(copied) == list(record)
+    name = next(iter(record))
+    record[name] = Array(np.zeros(3, np.float32))
+    assert copied[name] is not record[name]
+
+
+def _replies() -> tuple[dict, list]:
+    model = tiny_model()
+    trained = client_models(model, 6, seed=3)
+    replies = [reply(m, 10 * (i + 1), i + 1) for i, m in enumerate(trained)]
+    arrays, metrics = to_record(trained[0]), {"num-examples": 10, "train-loss": 0.5}
+    replies[1].content = RecordDict({"arrays": arrays, "metrics": MetricRecord({**metrics, "extra": 1.0})})
+    replies[2].content = RecordDict({"weights": arrays, "metrics": MetricRecord(metrics)})
+    listed = MetricRecord({**metrics, "train-loss": [1.0]})
+    replies[3].content = RecordDict({"arrays": arrays, "metrics": listed})
+    reordered = ArrayRecord({n: arrays[n] for n in reversed(list(arrays))})
+    replies[4].content = RecordDict({"arrays": reordered, "metrics": MetricRecord(metrics)})
+    return model, replies
+
+
+def test_train_problem_builds_the_signature_that_consistent_would():
+    model, replies = _replies()
+    headers = ModelHeaders({n: npy(a) for n, a in model.items()})
+    read = [train_problem(msg, headers, "num-examples") for msg in replies]
+    assert all(found.reason is None for found in read)
+    assert [found.signature for found in read] == [signature(msg, True) for msg in replies]
+    assert consistent(replies, True, [found.signature for found in read]) == consistent(replies, True)
+    kept, reasons = consistent(replies, True)
+    assert [replies.index(m) for m in kept] == [0, 4, 5] and sorted(reasons) == [1, 2, 3]
+
+
+def test_consistent_with_one_signature_keeps_every_reply():
+    _, replies = _replies()
+    good = [replies[0], replies[4], replies[5]]
+    assert consistent(good, True) == (good, {})
+    assert consistent(good, True, [signature(m, True) for m in good]) == (good, {})
+
+
+def test_in_arrival_order_without_drops_is_a_new_list_of_the_replies():
+    _, replies = _replies()
+    out = in_arrival_order(replies, list(replies))
+    assert out == replies and out is not replies
+    assert in_arrival_order(replies, [replies[0], replies[4]]) == [replies[0], replies[4]]
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_the_model_headers_are_read_once_per_global_model_and_follow_a_change(api):
+    model = tiny_model()
+    if api == "message":
+        strategy = LIPS(FedAvg(), num_rounds=10)
+        previous = to_record(model)
+        list(strategy.configure_train(2, previous, ConfigRecord(), grid()))
+    else:
+        strategy = LegacyLIPS(LegacyFedAvg(), param_names=list(model), num_rounds=10)
+        previous = ndarrays_to_parameters(list(model.values()))
+        strategy.configure_fit(2, previous, client_manager())
+    headers = strategy._model_headers()
+    assert strategy._model_headers() is headers  # read once
+    assert strategy._previous_views() is headers.views
+    name = list(model)[0]
+    changed = np.zeros(model[name].shape[::-1], model[name].dtype)
+    if api == "message":
+        previous[name] = Array(changed)  # the caller's record changed after configure_train
+    else:
+        previous.tensors[0] = npy(changed)
+    fresh = strategy._model_headers()
+    assert fresh is not headers and fresh.shape[name] == changed.shape
+    np.testing.assert_array_equal(strategy._previous_views()[name], changed)
+    if api == "message":  # a new round's global model: read again
+        list(strategy.configure_train(3, to_record(model), ConfigRecord(), grid()))
+    else:
+        strategy.configure_fit(3, ndarrays_to_parameters(list(model.values())), client_manager())
+    assert strategy._model_headers() is not fresh
+
+
+def test_replies_are_checked_against_the_global_model_as_it_is_when_they_come(caplog):
+    """A global model changed in place between configure_train and aggregate_train is read again."""
+    model = tiny_model()
+    previous = to_record(model)
+    strategy = LIPS(FedAvg(), num_rounds=10)
+    list(strategy.configure_train(2, previous, ConfigRecord(), grid()))
+    strategy._model_headers()  # read for the old shapes
+    name = list(model)[0]
+    reshaped = dict(model, **{name: np.ascontiguousarray(model[name].reshape(model[name].shape[::-1]))})
+    previous[name] = Array(reshaped[name])
+    replies = [reply(reshaped, 10, 1), reply(model, 10, 2)]
+    with caplog.at_level(logging.WARNING):
+        new, _ = strategy.aggregate_train(2, replies)
+    assert new is not None and to_numpy(new)[name].shape == reshaped[name].shape
+    assert "ignoring reply from node 2" in caplog.text and "ignoring reply from node 1" not in caplog.text
+
+
+def test_legacy_fast_path_results_keep_the_fedavg_aggregate():
+    model = tiny_model()
+    trained = client_models(model, 4, seed=5)
+    results = [fit_result(m, 10 * (i + 1), str(i + 1)) for i, m in enumerate(trained)]
+    strategy = LegacyLIPS(LegacyFedAvg(), param_names=list(model),
+                          num_rounds=10, tau0=0.0)
+    bare = LegacyFedAvg()
+    strategy.configure_fit(2, ndarrays_to_parameters(list(model.values())), client_manager())
+    got, _ = strategy.aggregate_fit(2, results, [])
+    want, _ = bare.aggregate_fit(2, results, [])
+    assert got.tensors == want.tensors
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, ">f4", np.int64, np.uint8, np.bool_,
+                                   np.complex64])
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4), (2, 0, 3), (4, 1, 3, 3)])
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+def test_a_masked_layer_is_serialized_as_flower_serializes_it(dtype, shape, layout):
+    from lips_flwr.strategies.message import _to_array
+
+    array = (np.arange(int(np.prod(shape)) * 2) % 7).astype(dtype)[: int(np.prod(shape))].reshape(shape)
+    if layout == "F":
+        array = np.asfortranarray(array)
+    elif layout == "strided" and array.ndim:
+        array = np.repeat(array, 2, axis=-1)[..., ::2]
+    got, want = _to_array(array), Array(np.asarray(array, order="C"))
+    assert (got.data, got.dtype, got.shape, got.stype) == (want.data, want.dtype, want.shape, want.stype)
+    np.testing.assert_array_equal(got.numpy(), array)
+
+
+def test_a_masked_layer_whose_header_format_1_0_refuses_falls_back_to_flower(monkeypatch):
+    from lips_flwr.strategies.message import _to_array
+
+    def refuse(fp, d):
+        raise ValueError("header does not fit format 1.0")
+
+    monkeypatch.setattr(np.lib.format, "write_array_header_1_0", refuse)
+    array = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert _to_array(array).data == Array(array).data
