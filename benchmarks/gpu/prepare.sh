@@ -7,6 +7,9 @@
 #              the dashboard's source maps (its wheel alone is 74 MB, over the
 #              64 MiB a call carries; this is ~20 MB)
 #   .gpu_head/ lips_flwr as committed at HEAD (the code measured)
+# With --study, also .gpu_data/ for device_batched.sh study (the pre-registered study's
+# GPU regime, no Ray): .gpu_data/whl/ (the wheels above but Ray) and
+# .gpu_data/fashion-mnist/ (Debian's IDX files, ~30 MB), carried without .whl (64 MiB).
 set -euo pipefail
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 grep -qx '/.gpu_head/' .git/info/exclude || echo /.gpu_head/ >> .git/info/exclude
@@ -38,3 +41,10 @@ fi
 rm -rf .gpu_head && mkdir .gpu_head && git archive HEAD lips_flwr | tar -x -C .gpu_head
 git rev-parse --short HEAD > .gpu_head/COMMIT
 du -sh .whl .gpu_head
+if [ "${1:-}" = "--study" ]; then
+  grep -qx '/.gpu_data/' .git/info/exclude || echo /.gpu_data/ >> .git/info/exclude
+  rm -rf .gpu_data && mkdir -p .gpu_data/whl
+  cp .whl/*.whl .gpu_data/whl/
+  cp -r /usr/share/datasets/fashion-mnist .gpu_data/fashion-mnist
+  du -sh .gpu_data
+fi
