@@ -324,7 +324,8 @@ def main() -> None:
     parser.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="run-config overrides, for a small trial into another --out (not the study)")
+                        help="run-config overrides: a data location (dataset-path), or a small trial "
+                             "into another --out (never the study's settings)")
     parser.add_argument("--num-supernodes", type=int, default=None, help="for a small trial")
     args = parser.parse_args()
     if args.what == "run":

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run ON the lent GPU machine, from the repository root, after `bash benchmarks/gpu/prepare.sh --study`
+# here (it fills .whl/, .gpu_head/ and .gpu_data/). No Ray: the batched Grid runs in-process.
+#   bench (issue #14: 100 ResNet8 clients, stacked vs auto vs the compute floor, FLOPs, bf16):
+#     run(command="bash benchmarks/gpu/device_batched.sh bench", carry=[".gpu_data", ".gpu_head"], timeout_s=560)
+#   study (issue #15, regime b: PROTOCOL.md, resumable; finished runs come back in $OUT/prereg-gpu.tar.gz,
+#   unpack them into docs/results/prereg/ here and call again to continue):
+#     run(command="bash benchmarks/gpu/device_batched.sh study", carry=[".gpu_data", ".gpu_head"], timeout_s=590)
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+exec > >(tee "$OUT/log") 2>&1
+export PYTHONUNBUFFERED=1 WHEELS=.gpu_data/whl
+source benchmarks/gpu/install.sh
+case "${1:-bench}" in
+  bench)
+    timeout -k 15 "${BENCH_TIMEOUT:-500}" python3 benchmarks/bench_engines.py --gpu --json "$OUT/engines.json"
+    rc=$? ;;
+  study)
+    # Stops itself before the call's limit; a stopped run leaves nothing and is redone next call.
+    timeout -k 15 "${STUDY_TIMEOUT:-520}" python3 examples/paper/prereg.py run --regime gpu --jobs 8 \
+      --set "dataset-path='$PWD/.gpu_data/fashion-mnist'"
+    rc=$?
+    tar -czf "$OUT/prereg-gpu.tar.gz" -C docs/results/prereg prereg-fmnist-gpu-dir0.1 2>/dev/null
+    cp docs/results/prereg/report.md "$OUT/" 2>/dev/null ;;
+  *) echo "usage: device_batched.sh bench|study"; exit 2 ;;
+esac
+nvidia-smi --query-gpu=memory.used,clocks.sm,clocks.mem,temperature.gpu --format=csv
+echo "exit $rc"; exit $rc
