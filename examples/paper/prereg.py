@@ -197,7 +197,7 @@ def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]
     for pair in pairs:
         (a, b), part, key = (pair, "evaluate", "acc-after") if isinstance(pair[0], str) else pair
         t = compare(runs, a, b, part, key)
-        if t is not None and (a, b, key) not in summary["secondary"]:
+        if t is not None:
             summary["secondary"][f"{a} - {b} ({key})"] = t
             rows.append(f"| {a} - {b} | {key} | {t['n']} | {100 * t['mean']:+.2f} pt | "
                         f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_t']:.3f} | {t['p_sign']:.3f} |")
@@ -282,7 +282,7 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
         fig, axes = plt.subplots(1, len(pair), figsize=(6 * len(pair), 3.6), squeeze=False)
         for ax, method in zip(axes[0], pair):
             data = runs[method][min(runs[method])]
-            layers = [n for n in [edges[0], *middle, *edges[1:]]]
+            layers = [edges[0], *middle, *edges[1:]]
             grid = np.array([[series(data, "train", f"inertia-rel-step/{n}").get(r, np.nan)
                               for r in range(1, int(conf["num-server-rounds"]) + 1)] for n in layers])
             image = ax.imshow(np.log10(np.maximum(grid, 1e-6)), aspect="auto", cmap="viridis",
