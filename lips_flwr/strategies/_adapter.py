@@ -207,6 +207,7 @@ class LIPSAdapter:
         culprit: Callable[[list[Reply]], tuple[int, str] | None],
         drop: Callable[[Reply, str], None],
         client_reports: Callable[[], int],
+        unreadable: Callable[[list[Reply]], list[tuple[int, str]]] | None = None,
     ) -> tuple[Any, Any, dict[str, int | float]]:
         """Inner aggregate -> finite? -> the core's one call -> caches -> log.
 
@@ -215,6 +216,13 @@ class LIPSAdapter:
         metrics)``: ``model`` is the model to broadcast (in the API's type;
         ``None``, with the inner metrics untouched and no LIPS metrics, when
         nothing was aggregated).
+
+        ``unreadable(replies)`` names, as ``(index, reason)``, the replies the
+        wrapped strategy cannot read although they passed the header checks
+        (the Message API's checks leave each array's ``stype`` unread on a
+        good round). It is asked only when ``inner`` raises: those replies
+        are dropped and the rest aggregated again; when it names none, the
+        exception is the wrapped strategy's own and propagates.
 
         The aggregate, not each reply, is checked for NaN/Inf: one pass on a
         good round. When it is not finite, ``culprit(replies)`` names the
@@ -234,7 +242,16 @@ class LIPSAdapter:
             # release) must not see a bad reply at all: check each reply first, at its cost.
             while (found := culprit(replies)) is not None and found[1].startswith("NaN or Inf"):
                 drop(replies.pop(found[0]), found[1])
-        aggregate, metrics = inner(replies)
+            _drop_all(replies, [] if unreadable is None else unreadable(replies), drop)
+        try:
+            aggregate, metrics = inner(replies)
+        except Exception:
+            bad = [] if unreadable is None or irreversible else unreadable(replies)
+            if not bad:
+                raise
+            _restore_chain_state(state)
+            _drop_all(replies, bad, drop)
+            aggregate, metrics = inner(replies)
         views = None if aggregate is None else self._aggregate_views(aggregate)
         while views is not None and nonfinite_arrays(views):
             _restore_chain_state(state)
@@ -340,6 +357,12 @@ class LIPSAdapter:
 
     def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         raise NotImplementedError
+
+
+def _drop_all(replies: list, found: list[tuple[int, str]], drop: Callable[[Any, str], None]) -> None:
+    """Drop ``replies[index]`` for each ``(index, reason)`` in ``found``, in place."""
+    for index, reason in sorted(found, reverse=True):
+        drop(replies.pop(index), reason)
 
 
 def _inner_name(owner: Any) -> str:

@@ -12,7 +12,7 @@ arrays (the NaN/Inf check runs on the aggregate, in :mod:`._adapter`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from .._npy import NUMPY_SERIALIZATION, read_npy
+from .._npy import read_npy
 from ._reply_checks import (
     MISSING,
     ModelHeaders,
@@ -32,6 +32,7 @@ from ._reply_checks import (
 )
 
 _R = TypeVar("_R")
+_V = TypeVar("_V")
 _DATA, _STYPE = attrgetter("data"), attrgetter("stype")
 
 
@@ -84,7 +85,7 @@ def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Messag
     return [msg for msg in replies if msg.has_error() or id(msg) in keep]
 
 
-def record_dict(record: ArrayRecord) -> dict[str, Array]:
+def record_dict(record: Mapping[str, _V]) -> dict[str, _V]:
     """``dict(record.items())``, as one C copy when ``items()`` is a view of a dict (Flower's records)."""
     items = record.items()
     mapping = getattr(items, "mapping", None)  # a dict view's read-only proxy of its dict
@@ -126,6 +127,7 @@ def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -
     Headers only (:func:`._reply_checks.fast_reply_problem`); one pass over
     the reply's records, and over its arrays' attributes, in C loops when its
     arrays are like the global model's (:meth:`ModelHeaders.all_same_in_order`).
+    On that path the arrays' ``stype`` is left to :func:`serialization_culprits`.
     The reply's consistency signature (:func:`signature`) is built here too.
     """
     content = msg.content
@@ -135,28 +137,29 @@ def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -
         return TrainReply(f"expected one ArrayRecord, got {len(found)}", content, items)
     record_name, record = found[0]
     arrays = record_dict(record)
-    values = list(arrays.values())
-    stypes = list(map(_STYPE, values))
-    if stypes.count(NUMPY_SERIALIZATION) != len(stypes):
-        reason = serialization_problem(dict(zip(arrays, stypes)))
-        if reason is not None:
-            return TrainReply(reason, content, items)
+    metric_dicts = [(name, record_dict(metric)) for name, metric in metrics]  # read once; C lookups after
     if weight_key is not None:
-        reason = _weight(metrics, weight_key)[0]
+        reason = _weight(metric_dicts, weight_key)[0]
         if reason is not None:
             return TrainReply(reason, content, items)
-    datas = list(map(_DATA, values))
-    if tuple(arrays) == headers.names and headers.all_same_in_order(datas):
+    datas = list(map(_DATA, arrays.values()))
+    if list(arrays) == headers.name_list and headers.all_same_in_order(datas):
+        # Not read here: each Array's ``stype`` (one more object per array to reach). Bytes
+        # with the global model's header and another stype make the wrapped strategy's
+        # ``Array.numpy()`` raise; the adapter then drops them (:func:`serialization_culprits`).
         dtypes: Mapping[str, np.dtype] = headers.dtype
         names = headers.sorted_names
     else:  # the example count is checked above
+        reason = serialization_problem(dict(zip(arrays, map(_STYPE, arrays.values()))))
+        if reason is not None:
+            return TrainReply(reason, content, items)
         reason, dtypes = fast_reply_problem(headers, dict(zip(arrays, datas)))
         if reason is not None:
             return TrainReply(reason, content, items)
         names = tuple(sorted(arrays))
     checked = TrainReply(None, content, items)
     checked.record, checked.arrays, checked.dtypes = record, arrays, dtypes
-    checked.signature = (((record_name, names),), _metric_part(metrics))
+    checked.signature = (((record_name, names),), _metric_part(metric_dicts))
     return checked
 
 
@@ -165,7 +168,7 @@ def evaluate_problem(msg: Message, weight_key: str | None) -> str | None:
     return None if weight_key is None else _weight(split_records(list(msg.content.items()))[1], weight_key)[0]
 
 
-def _weight(metrics: list[tuple[str, MetricRecord]], weight_key: str) -> tuple[str | None, object]:
+def _weight(metrics: Sequence[tuple[str, Mapping[str, Any]]], weight_key: str) -> tuple[str | None, object]:
     if len(metrics) != 1:
         return f"expected one MetricRecord, got {len(metrics)}", None
     value = metrics[0][1].get(weight_key, MISSING)
@@ -181,7 +184,7 @@ def signature(msg: Message, arrays: bool) -> tuple:
     return array_part, _metric_part(metrics)
 
 
-def _metric_part(metrics: list[tuple[str, MetricRecord]]) -> tuple:
+def _metric_part(metrics: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple:
     """Per MetricRecord, its name and sorted ``(key, kind)`` pairs (``kind``: scalar, or a list's length)."""
     return tuple(
         (name, tuple(sorted([(key, ("list", len(value)) if isinstance(value, list) else "scalar")
@@ -265,6 +268,22 @@ def cast_replies(
             record[name] = Array(np.ascontiguousarray(data.astype(chosen[name])))
         cast.add(id(msg))
     return cast
+
+
+def serialization_culprits(replies: list[Message]) -> list[tuple[int, str]]:
+    """``(index, reason)`` of each reply with an array in another serialization than numpy's.
+
+    Asked only when the wrapped strategy raised on replies that passed
+    :func:`train_problem` (which does not read ``stype`` on its fast path).
+    """
+    found = []
+    for index, msg in enumerate(replies):
+        for _, record in records(msg, ArrayRecord):
+            reason = serialization_problem({name: array.stype for name, array in record.items()})
+            if reason is not None:
+                found.append((index, reason))
+                break
+    return found
 
 
 def nonfinite_culprit(replies: list[Message]) -> tuple[int, str] | None:

@@ -194,6 +194,7 @@ class ModelHeaders:
             self.shape[name], self.dtype[name] = tuple(array.shape), array.dtype
             self._head[name] = (bytes(data[: len(data) - array.nbytes]), len(data))
         self.names = tuple(self.shape)  # the global model's order
+        self.name_list = list(self.names)  # (a list compares to a list of names fastest)
         self.sorted_names = tuple(sorted(self.names))  # one shared tuple for the replies' signatures
         self._prefixes = tuple(head for head, _ in self._head.values())
         self._lengths = [length for _, length in self._head.values()]

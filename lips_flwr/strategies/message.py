@@ -34,6 +34,7 @@ from ._message_replies import (
     record_bytes,
     record_dict,
     records,
+    serialization_culprits,
     split_records,
     train_problem,
 )
@@ -148,9 +149,14 @@ class _LIPSMixin(LIPSAdapter):
             _restore(contents, bindings)
             return nonfinite_culprit(kept)
 
+        def unreadable(kept: list[Message]) -> list[tuple[int, str]]:
+            _restore(contents, bindings)
+            return serialization_culprits(kept)
+
         arrays, metrics, lips_metrics = self._aggregate_round(
             server_round, usable, aggregate, culprit,
-            lambda msg, reason: self._log_drop(_sender(msg), reason), lambda: _client_reports(usable))
+            lambda msg, reason: self._log_drop(_sender(msg), reason), lambda: _client_reports(usable),
+            unreadable)
         if arrays is not None:
             metrics = MetricRecord() if metrics is None else metrics
             for key, value in lips_metrics.items():

@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import ndarrays_to_parameters
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.exception import InconsistentMessageReplies
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, FedAvgM, FedMedian
 
 from flower_fakes import (
     MIDDLE,
@@ -260,6 +260,48 @@ def test_non_numpy_serialization_and_two_array_records_are_rejected(caplog):
     assert "node 7: array 'fc.bias' is serialized as 'torch.Tensor'" in caplog.text
     assert "node 8: expected one ArrayRecord, got 2" in caplog.text
     assert_is_fedavg_of_good(new, good)
+
+
+@pytest.mark.parametrize("inner", [FedAvg, FedAvgM, FedMedian])
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_numpy_bytes_under_another_stype_are_dropped_when_the_wrapped_strategy_cannot_read_them(
+        inner, position, caplog):
+    # The header checks leave stype unread on a good round: bytes exactly like the global
+    # model's under another stype pass them, and the wrapped strategy's Array.numpy() raises.
+    api = MessageAPI(LIPS(inner(), num_rounds=NUM_ROUNDS))
+    model = tiny_model()
+    api.configure(2, model)
+    good = client_models(model, 2, seed=2)
+    record = to_record(good[0])
+    array = record["fc.bias"]
+    record["fc.bias"] = Array(dtype=array.dtype, shape=array.shape, stype="torch.Tensor", data=array.data)
+    metrics = MetricRecord({"num-examples": 10, "train-loss": 0.5})
+    odd = message_with(RecordDict({"arrays": record, "metrics": metrics}), 7)
+    replies = [api.reply(good[0], 10, 1), api.reply(good[1], 30, 2)]
+    replies.insert(position, odd)
+    with caplog.at_level(logging.WARNING):
+        new, metrics = api.aggregate(2, replies)
+    assert "node 7: array 'fc.bias' is serialized as 'torch.Tensor'" in caplog.text
+    plain = MessageAPI(LIPS(inner(), num_rounds=NUM_ROUNDS))  # the same round without that reply
+    plain.configure(2, model)
+    expected, expected_metrics = plain.aggregate(2, [api.reply(good[0], 10, 1), api.reply(good[1], 30, 2)])
+    for name in NAMES:
+        np.testing.assert_array_equal(new[name], expected[name], err_msg=name)
+    timeless = lambda m: {k: v for k, v in m.items() if k != "lips-seconds"}  # noqa: E731
+    assert timeless(metrics) == timeless(expected_metrics)
+
+
+def test_an_error_of_the_wrapped_strategy_itself_propagates():
+    class Broken(FedAvg):
+        def aggregate_train(self, server_round, replies):
+            raise RuntimeError("a bug in the wrapped strategy")
+
+    api = MessageAPI(LIPS(Broken(), num_rounds=NUM_ROUNDS))
+    model = tiny_model()
+    api.configure(2, model)
+    good = client_models(model, 2, seed=2)
+    with pytest.raises(RuntimeError, match="a bug in the wrapped strategy"):
+        api.aggregate(2, [api.reply(m, n, i + 1) for i, (m, n) in enumerate(zip(good, GOOD_EXAMPLES))])
 
 
 @api_param

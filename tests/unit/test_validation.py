@@ -6,6 +6,7 @@ import ast
 import io
 import math
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lips_flwr._npy import read_npy
-from lips_flwr.core.checks import names_problem, nonfinite_arrays
+from lips_flwr.core.checks import all_finite, names_problem, nonfinite_arrays
 from lips_flwr.strategies._reply_checks import (
     MISSING,
     model_shapes,
@@ -85,6 +86,26 @@ def test_read_npy_rejects_object_arrays():
     np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="object arrays are not allowed"):
         read_npy(buffer.getvalue())
+
+
+_HUGE = {np.float32: [3e38, -3e38, 2e19], np.float64: [1.7e308, -1e200, 2e154]}  # squares overflow
+
+
+@SETTINGS
+@given(data=st.data(), dtype=st.sampled_from([np.float32, np.float64]), fortran=st.booleans())
+def test_all_finite_is_isfinite_all_even_where_the_dot_product_overflows(data, dtype, fortran):
+    array = data.draw(hnp.arrays(
+        dtype=dtype,
+        shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=8),
+        elements=st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                           st.sampled_from([*_HUGE[dtype], 0.0, -0.0])),
+    ))
+    array = np.asfortranarray(array) if fortran else array
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning escapes the dot product
+        assert all_finite(array) == bool(np.isfinite(array).all())
+        if array.ndim:
+            assert all_finite(array[::2]) == bool(np.isfinite(array[::2]).all())
 
 
 @SETTINGS
