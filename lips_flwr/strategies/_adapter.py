@@ -75,7 +75,7 @@ def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 class LIPSAdapter:
     """The LIPS hooks of both APIs; ``super()`` is the strategy whose aggregate is masked.
 
-    Subclasses implement the conversions (``_views``, ``_aggregate_views``,
+    Subclasses implement the conversions (``_views``, ``_parse_aggregate``,
     ``_with_model``, ``_cached_to_numpy``, ``_numpy_to_cached``, ``_to_state``,
     ``_from_state``) and call :meth:`_begin_round`, :meth:`_checked` and
     :meth:`_aggregate_round` from their Flower methods.
@@ -345,7 +345,22 @@ class LIPSAdapter:
         raise NotImplementedError
 
     def _aggregate_views(self, aggregate: Any) -> Model:
-        """Read-only views of the wrapped strategy's aggregate, in the global model's order."""
+        """Read-only views of the wrapped strategy's aggregate, in the global model's order.
+
+        An aggregate with the global model's names in its order (the usual
+        case) is viewed through the round's :class:`ModelHeaders`, which
+        parses only the headers that differ from the global model's; any
+        other through :meth:`_parse_aggregate`.
+        """
+        headers = self._cached_headers()
+        if headers is not None:
+            names, datas = self._serialized(aggregate)
+            if names == headers.name_list:
+                return dict(zip(names, headers.read_in_order(datas)))
+        return self._parse_aggregate(aggregate)
+
+    def _parse_aggregate(self, aggregate: Any) -> Model:
+        """:meth:`_aggregate_views` of any aggregate, its headers parsed."""
         return self._views(aggregate)
 
     def _with_model(self, aggregate: Any, model: Model, views: Model) -> Any:

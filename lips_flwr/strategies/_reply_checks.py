@@ -198,6 +198,9 @@ class ModelHeaders:
         self.sorted_names = tuple(sorted(self.names))  # one shared tuple for the replies' signatures
         self._prefixes = tuple(head for head, _ in self._head.values())
         self._lengths = [length for _, length in self._head.values()]
+        # What np.frombuffer needs to view an array with this header: dtype, count, offset, shape.
+        self._layout = [(self.dtype[n], self.views[n].size, len(self._head[n][0]), self.shape[n])
+                        for n in self.names]
 
     def all_same(self, tensors: Mapping[str, object]) -> bool:
         """Whether every array is an ``.npy`` of the global model's dtype and shape for its name.
@@ -227,6 +230,27 @@ class ModelHeaders:
                 and set(map(type, datas)) <= _BYTES
                 and list(map(len, datas)) == self._lengths  # type: ignore[arg-type]
                 and all(map(bytes.startswith, datas, self._prefixes)))  # type: ignore[arg-type]
+
+
+    def read_in_order(self, datas: Sequence[bytes]) -> list[np.ndarray]:
+        """Read-only views of serialized arrays listed in the global model's order.
+
+        An array with the global model's header for its place is viewed with
+        the global model's layout, its header not parsed again; any other is
+        parsed (:func:`lips_flwr._npy.read_npy`, ``ValueError`` if it cannot
+        be read). A fresh aggregate (FedAvg's) has the global model's headers
+        but for integer buffers, which Flower averages into float64.
+        """
+        if len(datas) != len(self._layout):
+            raise ValueError(f"{len(datas)} arrays, expected {len(self._layout)}")
+        views = []
+        for data, prefix, length, (dtype, count, offset, shape) in zip(
+                datas, self._prefixes, self._lengths, self._layout):
+            if type(data) is bytes and len(data) == length and data.startswith(prefix):
+                views.append(np.frombuffer(data, dtype, count, offset).reshape(shape))
+            else:
+                views.append(read_npy(data))
+        return views
 
 
 _BYTES = {bytes}

@@ -196,7 +196,7 @@ class _LIPSMixin(LIPSAdapter):
     def _serialized(self, model: ArrayRecord) -> tuple[list[str], list[Any]]:
         return record_bytes(model)
 
-    def _aggregate_views(self, aggregate: ArrayRecord) -> dict[str, np.ndarray]:
+    def _parse_aggregate(self, aggregate: ArrayRecord) -> dict[str, np.ndarray]:
         # Layers are chosen in the global model's order: the aggregate's follows
         # whichever client replied first.
         unordered = record_views(aggregate)

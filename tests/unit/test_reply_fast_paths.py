@@ -29,6 +29,7 @@ from flower_fakes import (
     to_numpy,
     to_record,
 )
+from lips_flwr._npy import read_npy
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies._message_replies import (
     consistent,
@@ -105,6 +106,29 @@ def test_all_same_decides_as_the_per_name_loop(case):
     if tuple(tensors) == headers.names:  # what the adapters call on arrays in the model's order
         assert headers.all_same_in_order(list(tensors.values())) == fast
     assert fast == (case in ("same", "other values", "other order"))
+
+
+@pytest.mark.parametrize("case", list(_spoiled(_model_bytes())))
+def test_read_in_order_views_the_arrays_as_read_npy_does(case):
+    model = _model_bytes()
+    tensors = _spoiled(model)[case]
+    headers = ModelHeaders(model)
+    datas = list(tensors.values())
+    try:
+        expected = [read_npy(data) for data in datas]
+    except (ValueError, TypeError):  # unreadable, or not bytes at all
+        with pytest.raises((ValueError, TypeError)):
+            headers.read_in_order(datas)
+        return
+    if len(datas) != len(headers.names):
+        with pytest.raises(ValueError, match="arrays, expected"):
+            headers.read_in_order(datas)
+        return
+    views = headers.read_in_order(datas)
+    for view, want in zip(views, expected):
+        assert view.dtype == want.dtype and view.shape == want.shape
+        np.testing.assert_array_equal(view, want)
+        assert view.flags.writeable == want.flags.writeable  # read-only views of bytes
 
 
 def test_model_headers_views_are_the_global_model():
