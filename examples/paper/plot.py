@@ -1,4 +1,4 @@
-"""Accuracy curves per algorithm (mean +- std over seeds) and inertia heatmaps from results files.
+"""Accuracy curves per algorithm (mean and 95% CI over seeds) and inertia heatmaps from results files.
 
     python examples/paper/plot.py results/paper/fashion-mnist-quick             # accuracy.png
     python examples/paper/plot.py results/paper/fashion-mnist-quick --heatmaps  # + <run>-heatmap.png
@@ -28,8 +28,49 @@ def curve(run: dict, part: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array([p[0] for p in points]), np.array([p[1] for p in points])
 
 
+def mask_rounds(runs: dict[str, list[dict]]) -> list[int]:
+    """The rounds in which any run masked (``lips-mask-round`` 1 in its train metrics)."""
+    return sorted({int(r) for group in runs.values() for run in group
+                   for r, m in run["rounds"].items() if m.get("train", {}).get("lips-mask-round")})
+
+
+def setup_line(runs: dict[str, list[dict]]) -> str:
+    """``20 clients x 100 samples, Dir(0.1), 30 rounds`` from the runs' settings (what is known of it)."""
+    run = next(iter(runs.values()))[0]
+    conf = run["run_config"]
+    parts = []
+    total = run["rounds"].get("1", {}).get("train", {}).get("num-examples")
+    samples = conf.get("samples-per-client")
+    if total and samples:  # every client trains in round 1 (fraction-train 1.0)
+        clients = round(float(total) / float(samples) / float(conf.get("fraction-train", 1.0)))
+        parts.append(f"{clients} clients x {samples} samples")
+    if "alpha" in conf:
+        parts.append(f"Dir({conf['alpha']})")
+    if "num-server-rounds" in conf:
+        parts.append(f"{conf['num-server-rounds']} rounds")
+    if "local-epochs" in conf:
+        parts.append(f"{conf['local-epochs']} local epochs")
+    return ", ".join(parts)
+
+
+def mean_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray | None]:
+    """Mean over seeds (axis 0) and the half-width of its t confidence interval (``None`` for one seed)."""
+    mean = values.mean(0)
+    if values.shape[0] < 2:
+        return mean, None
+    from scipy import stats
+
+    n = values.shape[0]
+    return mean, stats.t.ppf(0.5 + confidence / 2, n - 1) * values.std(0, ddof=1) / np.sqrt(n)
+
+
 def plot_accuracy(folder: Path, out: Path | None = None) -> Path:
-    """Draw client-mean test accuracy after (solid) and before (dashed) aggregation."""
+    """Client-mean test accuracy after (solid) and before (dashed) aggregation, mean and 95% CI over seeds.
+
+    The setup (clients, samples, alpha, rounds) is stated under the title, the
+    rounds in which LIPS masked are marked (dotted), and the legend sits
+    beside the axes, never over the data.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,26 +79,33 @@ def plot_accuracy(folder: Path, out: Path | None = None) -> Path:
     runs = load_runs(folder)
     if not runs:
         raise FileNotFoundError(f"no results files in {folder}")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    masked = mask_rounds(runs)
+    for r in masked:
+        ax.axvline(r, color="0.6", lw=0.6, ls=":", zorder=0)
+    seeds = set()
     for i, (name, group) in enumerate(sorted(runs.items())):
         color = f"C{i}"
+        seeds.add(len(group))
         for part, key, style in (("evaluate", "acc-after", "-"), ("train", "acc-before", "--")):
             curves = [curve(run, part, key) for run in group]
             length = min(len(c[0]) for c in curves)
             if length == 0:
                 continue
             rounds = curves[0][0][:length]
-            acc = np.stack([c[1][:length] for c in curves])
-            label = f"{name} ({'after' if part == 'evaluate' else 'before'} aggregation, n={len(group)})"
-            ax.plot(rounds, acc.mean(0), style, color=color, label=label)
-            if len(group) > 1:
-                ax.fill_between(rounds, acc.mean(0) - acc.std(0), acc.mean(0) + acc.std(0),
-                                color=color, alpha=0.15)
+            mean, half = mean_ci(np.stack([c[1][:length] for c in curves]))
+            label = f"{name}, {'after' if part == 'evaluate' else 'before'} aggregation (n={len(group)})"
+            ax.plot(rounds, mean, style, color=color, label=label)
+            if half is not None:
+                ax.fill_between(rounds, mean - half, mean + half, color=color, alpha=0.15)
+    if masked:
+        ax.plot([], [], color="0.6", lw=0.6, ls=":", label="LIPS mask rounds")
     ax.set_xlabel("round")
     ax.set_ylabel("client-mean test accuracy")
-    ax.set_title(folder.name)
+    spread = "mean and 95% CI over seeds" if max(seeds) > 1 else "one seed"
+    ax.set_title(f"{folder.name}: {spread}\n{setup_line(runs)}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, not over it
     out = out or folder / "accuracy.png"
     fig.tight_layout()
     fig.savefig(out, dpi=120)

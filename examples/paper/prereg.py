@@ -26,6 +26,7 @@ import numpy as np
 
 APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
+from plot import mask_rounds  # noqa: E402
 from run_grid import run_one_batched  # noqa: E402
 from stats import holm, paired  # noqa: E402
 
@@ -242,24 +243,36 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
     setup = (f"{nodes} clients x {conf['samples-per-client']} samples, Dir({conf['alpha']}), "
              f"{conf['num-server-rounds']} rounds, {conf['local-epochs']} local epochs")
     out = []
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for i, (method, by_seed) in enumerate(sorted(runs.items())):
-        curves = [series(d, "evaluate", "acc-after") for d in by_seed.values()]
-        rounds = sorted(set.intersection(*(set(c) for c in curves)))
-        acc = np.array([[c[r] for r in rounds] for c in curves])
-        mean = acc.mean(0)
-        ax.plot(rounds, mean, color=f"C{i}", label=f"{method} (n={len(curves)})")
-        if len(curves) > 1:
-            half = st.t.ppf(0.975, len(curves) - 1) * acc.std(0, ddof=1) / np.sqrt(len(curves))
-            ax.fill_between(rounds, mean - half, mean + half, color=f"C{i}", alpha=0.15)
-    ax.set(xlabel="round", ylabel="client-mean test accuracy, after aggregation", ylim=(0, 1))
-    ax.set_title(f"{conf_name}: mean and 95% CI over seeds\n{setup}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, not over it
-    fig.tight_layout()
-    fig.savefig(folder / "accuracy.png", dpi=120)
-    plt.close(fig)
-    out.append(folder / "accuracy.png")
+    masked = mask_rounds({"lips": list(runs.get("lips", {}).values())}) if runs.get("lips") else []
+    primary = sorted({m for pair in family.values() for m in pair} & set(runs))
+    secondary = sorted(set(runs) - set(primary))
+    sets = [("accuracy.png", primary, "")]
+    if secondary:  # the controls and variants apart, each beside the base
+        sets.append(("secondary.png", ["fedbn", *secondary], "secondary methods (exploratory), "))
+    for name, methods, kind in sets:
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        for r in masked:  # the schedule's mask rounds (every method that masks uses it)
+            ax.axvline(r, color="0.6", lw=0.6, ls=":", zorder=0)
+        if masked:
+            ax.plot([], [], color="0.6", lw=0.6, ls=":", label="LIPS mask rounds")
+        for i, method in enumerate(methods):
+            curves = [series(d, "evaluate", "acc-after") for d in runs[method].values()]
+            rounds = sorted(set.intersection(*(set(c) for c in curves)))
+            acc = np.array([[c[r] for r in rounds] for c in curves])
+            mean = acc.mean(0)
+            # Dashed past the first two, so that curves that coincide (fedbn, lips-inertia) both show.
+            ax.plot(rounds, mean, color=f"C{i}", ls="-" if i < 2 else "--", label=f"{method} (n={len(curves)})")
+            if len(curves) > 1:
+                half = st.t.ppf(0.975, len(curves) - 1) * acc.std(0, ddof=1) / np.sqrt(len(curves))
+                ax.fill_between(rounds, mean - half, mean + half, color=f"C{i}", alpha=0.15)
+        ax.set(xlabel="round", ylabel="client-mean test accuracy, after aggregation", ylim=(0, 1))
+        ax.set_title(f"{conf_name}: {kind}mean and 95% CI over seeds\n{setup}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, not over it
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=120)
+        plt.close(fig)
+        out.append(folder / name)
     tests = {h: compare(runs, a, b) for h, (a, b) in family.items()}
     tests = {h: t for h, t in tests.items() if t is not None}
     if tests:
@@ -280,12 +293,15 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
     pair = [m for m in ("fedbn", "lips") if runs.get(m)]
     if pair:
         fig, axes = plt.subplots(1, len(pair), figsize=(6 * len(pair), 3.6), squeeze=False)
+        layers = [edges[0], *middle, *edges[1:]]
+        grids = {method: np.log10(np.maximum(np.array(
+            [[series(runs[method][min(runs[method])], "train", f"inertia-rel-step/{n}").get(r, np.nan)
+              for r in range(1, int(conf["num-server-rounds"]) + 1)] for n in layers]), 1e-6)) for method in pair}
+        low = min(np.nanmin(g) for g in grids.values())  # one colour scale for both panels
+        high = max(np.nanmax(g) for g in grids.values())
         for ax, method in zip(axes[0], pair):
-            data = runs[method][min(runs[method])]
-            layers = [edges[0], *middle, *edges[1:]]
-            grid = np.array([[series(data, "train", f"inertia-rel-step/{n}").get(r, np.nan)
-                              for r in range(1, int(conf["num-server-rounds"]) + 1)] for n in layers])
-            image = ax.imshow(np.log10(np.maximum(grid, 1e-6)), aspect="auto", cmap="viridis",
+            grid = grids[method]
+            image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=low, vmax=high,
                               extent=(0.5, grid.shape[1] + 0.5, len(layers) - 0.5, -0.5))
             ax.set_yticks(range(len(layers)), layers, fontsize=7)
             ax.set(xlabel="round", title=f"{method}, seed {min(runs[method])}: log10 relative step")
@@ -308,8 +324,8 @@ def report(out: Path) -> None:
             continue
         family = HYPOTHESES if conf_name.endswith("dir0.1") else {"H1": HYPOTHESES["H1"]}
         conf_lines, summary[conf_name] = report_conf(conf_name, folder, family)
-        figures(conf_name, folder, family)
-        lines += conf_lines + ["", f"Figures: `{conf_name}/accuracy.png`, `differences.png`, `relative-step.png`.", ""]
+        names = ", ".join(f"`{p.name}`" for p in figures(conf_name, folder, family))
+        lines += conf_lines + ["", f"Figures in `{conf_name}/`: {names}.", ""]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n")
     print("\n".join(lines))

@@ -53,6 +53,26 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_states_the_setup_marks_mask_rounds_and_uses_a_t_interval(tmp_path):
+    plot = load("plot")
+    conf = {"samples-per-client": 100, "alpha": 0.1, "num-server-rounds": 3, "local-epochs": 2}
+    for algorithm, masks in (("fedbn", (0, 0, 0)), ("lips", (1, 0, 1))):
+        rounds = {str(r + 1): {"train": {"num-examples": 2000, "lips-mask-round": m, "acc-before": 0.5},
+                               "evaluate": {"acc-after": 0.4}} for r, m in enumerate(masks)}
+        data = {"run_config": {"algorithm": algorithm, "seed": 0, **conf}, "rounds": rounds, "summary": {}}
+        (tmp_path / f"{algorithm}-seed0.json").write_text(json.dumps(data))
+    runs = plot.load_runs(tmp_path)
+    assert plot.mask_rounds(runs) == [1, 3]
+    assert plot.setup_line(runs) == "20 clients x 100 samples, Dir(0.1), 3 rounds, 2 local epochs"
+    mean, half = plot.mean_ci(np.array([[0.5, 0.6], [0.7, 0.6], [0.6, 0.9]]))
+    np.testing.assert_allclose(mean, [0.6, 0.7])
+    np.testing.assert_allclose(half, [4.302653 * 0.1 / np.sqrt(3), 4.302653 * np.sqrt(0.03) / np.sqrt(3)],
+                               rtol=1e-6)  # t(0.975, 2) * sd (ddof=1) / sqrt(n)
+    assert plot.mean_ci(np.array([[0.5, 0.6]]))[1] is None
+    pytest.importorskip("matplotlib")
+    assert plot.plot_accuracy(tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
 def test_run_config_string_quotes_strings():
     grid = load("run_grid")
     assert grid.run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"

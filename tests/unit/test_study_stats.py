@@ -86,3 +86,37 @@ def test_inertia_rule_middle_against_first_and_last_layers():
     data["rounds"] = {str(r): {"train": {f"inertia-rel-step/{n}": s[r] for n, s in layers.items()}}
                       for r in range(1, 21)}
     assert not prereg.inertia_rho(data, ["mid"], ["first", "last"])["arises"]
+
+
+def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import json
+
+    import numpy as np
+
+    layers = ["conv1.0.weight", "conv2.0.weight", "fc.weight"]
+    monkeypatch.setattr(prereg, "layer_groups", lambda conf: (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"]))
+    folder = tmp_path / "prereg-fmnist-dir0.1"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    shift = {"fedbn": 0.0, "lips": 0.01, "lips-random": -0.05, "lips-inertia": 0.0, "freeze": -0.01}
+    for method, delta in shift.items():
+        for seed in range(1000, 1004):
+            masks = method.startswith("lips") and method != "lips-inertia"
+            rounds = {str(r): {
+                "train": {"num-examples": 2000, "acc-before": 0.6, "lips-mask-round": int(masks and r % 5 == 1),
+                          "lips-zeros": 100 if masks and r % 5 == 1 else 0,
+                          **{f"inertia-rel-step/{n}": 0.1 / r for n in layers}},
+                "evaluate": {"acc-after": 0.5 + r / 100 + delta + rng.normal(scale=0.002)}} for r in range(1, 13)}
+            conf = {"algorithm": method, "seed": seed, "num-server-rounds": 12, "samples-per-client": 100,
+                    "alpha": 0.1, "local-epochs": 5, "every": 5}
+            (folder / f"{method}-seed{seed}.json").write_text(json.dumps({"run_config": conf, "rounds": rounds}))
+    prereg.report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "| H1 | lips - fedbn | 4 |" in text and "| H2 | lips - lips-random | 4 |" in text
+    assert "| H3 | lips-inertia - fedbn | 4 |" in text and "| freeze - fedbn | acc-after | 4 |" in text
+    assert "inertia arises in 0 of 4 runs" in text  # every layer slows together
+    for name in ("accuracy.png", "secondary.png", "differences.png", "relative-step.png"):
+        assert (folder / name).read_bytes()[:4] == b"\x89PNG" and f"`{name}`" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["prereg-fmnist-dir0.1"]["hypotheses"]["H2"]["mean"] == pytest.approx(0.06, abs=0.005)
