@@ -10,22 +10,30 @@ from flwr.app import Array, ArrayRecord
 from ._npy import NUMPY_SERIALIZATION, read_npy
 
 
+def array_view(array: Array) -> np.ndarray:
+    """One Array as a read-only view of its bytes (``Array.numpy()`` without the copy).
+
+    The ``.npy`` header is parsed once per distinct header
+    (:func:`lips_flwr._npy.read_npy`); ``Array.numpy()`` parses each one as a
+    Python literal, which is most of a small model's conversion time. Other
+    serializations go through ``Array.numpy()`` (which refuses them).
+    """
+    return read_npy(array.data) if array.stype == NUMPY_SERIALIZATION else array.numpy()
+
+
 def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """``name -> ndarray`` copy of an ArrayRecord, in its order."""
-    return {name: array.numpy() for name, array in record.items()}
+    """``name -> ndarray`` writable copy of an ArrayRecord, in its order (as ``Array.numpy()`` gives)."""
+    return {name: np.array(array_view(array)) for name, array in record.items()}
 
 
 def record_views(record: ArrayRecord) -> dict[str, np.ndarray]:
     """``name -> ndarray`` of an ArrayRecord, in its order, as read-only views.
 
-    No copy, no header parsed twice (:func:`lips_flwr._npy.read_npy`):
-    for arrays that are only read (updates, scores, norms). Use
+    No copy, no header parsed twice (:func:`array_view`): for arrays that
+    are only read (updates, scores, norms) or serialized again. Use
     :func:`record_to_numpy` for arrays that will be written or handed on.
     """
-    return {
-        name: read_npy(array.data) if array.stype == NUMPY_SERIALIZATION else array.numpy()
-        for name, array in record.items()
-    }
+    return {name: array_view(array) for name, array in record.items()}
 
 
 def numpy_to_record(

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, Message
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 
-from .._records import numpy_to_record, record_views
+from .._records import array_view, numpy_to_record, record_views
 from ..core.layers import batch_norm_names
 from ..protocol import config_round
 from .persist import load_state, save_state, state_path
@@ -115,7 +115,7 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
             return call_next(msg, context)
         key, record = found
         names = local_names(record)
-        received = {n: record[n].numpy() for n in names}  # only what may be replaced
+        received = {n: array_view(record[n]) for n in names}  # only what may be replaced (read-only)
         restored = restore_local(context.state, received, names)
         changed = [n for n in restored if restored[n] is not received[n]]
         if changed:
@@ -123,7 +123,7 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
         reply = call_next(msg, context)
         out = _single(reply, ArrayRecord) if not reply.has_error() else None
         if out is not None and _kind(msg) == MessageType.TRAIN:
-            save_local(context.state, {n: out[1][n].numpy() for n in names if n in out[1]}, names)
+            save_local(context.state, {n: array_view(out[1][n]) for n in names if n in out[1]}, names)
         return reply
 
     return fedbn_mod

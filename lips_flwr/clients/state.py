@@ -14,7 +14,7 @@ from typing import cast
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-from .._records import numpy_to_record, record_views
+from .._records import array_view, numpy_to_record, record_views
 from ..core.client_masking import client_mask, iter_local_update
 from ..core.inertia import update_norms
 from ..protocol import ClientRoundConfig, parse_train_config
@@ -30,7 +30,7 @@ def restore_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Se
     if LOCAL_KEY in state and names:
         for name, array in cast(ArrayRecord, state[LOCAL_KEY]).items():
             if name in out and tuple(array.shape) == np.shape(out[name]):
-                out[name] = array.numpy()
+                out[name] = np.array(array_view(array))  # writable: a NumPyClient may train on it
     return out
 
 

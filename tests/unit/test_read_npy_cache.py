@@ -81,3 +81,22 @@ def test_object_arrays_are_refused_from_the_cache_too():
     for _ in range(2):
         with pytest.raises(ValueError, match="object"):
             read_npy(header)
+
+
+@pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype}-{a.shape}")
+def test_record_conversions_equal_flowers_own(array):
+    from flwr.app import Array, ArrayRecord
+
+    from lips_flwr._records import array_view, record_to_numpy, record_views
+
+    record = ArrayRecord({"x": Array(np.asarray(array))})
+    flower = record["x"].numpy()
+    view, copy = array_view(record["x"]), record_to_numpy(record)["x"]
+    for got in (view, copy, record_views(record)["x"]):
+        assert got.dtype == flower.dtype and got.shape == flower.shape
+        np.testing.assert_array_equal(got, flower)
+    assert not view.flags.writeable
+    assert copy.flags.writeable and not np.shares_memory(copy, view)  # a copy to write, as numpy() gives
+    odd = Array(dtype=str(array.dtype), shape=array.shape, stype="torch.Tensor", data=record["x"].data)
+    with pytest.raises(TypeError, match="Unsupported serialization type"):
+        array_view(odd)

@@ -20,11 +20,12 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from lips_flwr._records import record_to_numpy
 from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.experiments.data import DATASET_INFO, client_split, load_dataset
 from lips_flwr.core.layers import select_layers
 from lips_flwr.experiments.models import build_model
-from lips_flwr.experiments.training import add_dropout, local_compute
+from lips_flwr.experiments.training import SEQUENTIAL, add_dropout, local_compute
 from lips_paper.algorithms import algorithm
 
 torch.set_num_threads(1)  # many simulated clients share the CPU cores (and one thread sums alike)
@@ -82,12 +83,22 @@ def setup(msg: Message, context: Context):
                              float(cfg["val-fraction"]))
     num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
     net = build_model(str(cfg["model"]), num_classes, channels)
-    net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    # (ArrayRecord.to_torch_state_dict() parses every .npy header as a Python literal.)
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in record_to_numpy(msg.content["arrays"]).items()})
     return cfg, pid, net.to(device), tensors
 
 
+@functools.lru_cache(maxsize=None)
+def middle_layers(model: str, num_classes: int, channels: int) -> tuple[str, ...]:
+    """The layers LIPS masks in this model, in its order (names only: the same for every client and round)."""
+    net = build_model(model, num_classes, channels)
+    return tuple(select_layers({k: v.numpy() for k, v in net.state_dict().items()}, "middle"))
+
+
 def release(device_type: str) -> None:
-    if device_type == "cuda":  # idle Ray workers would otherwise keep the memory
+    # Idle Ray workers would otherwise keep the memory; in one process that runs every
+    # client (the batched Grid's stacked engine), emptying the cache per client only slows it.
+    if device_type == "cuda" and local_compute() is SEQUENTIAL:
         torch.cuda.empty_cache()
 
 
@@ -106,7 +117,7 @@ def train(msg: Message, context: Context) -> Message:
     cfg, pid, net, (train_set, val, test) = setup(msg, context)
     algo = algorithm(str(cfg["algorithm"]))
     rnd = int(msg.content["config"]["server-round"])
-    middle = select_layers({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()}, "middle")
+    middle = list(middle_layers(str(cfg["model"]), *DATASET_INFO[str(cfg["dataset"])]))
     seed = (int(cfg["seed"]) * 1_000_003 + rnd) * 1009 + pid
     if algo.dropout:  # a control: dropout on the layers LIPS would mask
         add_dropout(net, middle, float(cfg["dropout"]))
