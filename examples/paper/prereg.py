@@ -2,7 +2,7 @@
 
     python examples/paper/prereg.py run --regime cpu --jobs 2     # runs what is missing; stop and re-run at will
     python examples/paper/prereg.py report                         # tables, tests, verdicts, figures
-    python examples/paper/prereg.py run --regime gpu --jobs 8     # on one GPU machine (regime b)
+    python examples/paper/prereg.py run --regime gpu --jobs 16    # on one GPU machine (regime b: one run per core)
 
 Every run writes ``<out>/<conf>/<method>-seed<k>.json`` only when it has
 finished (a stopped run leaves nothing; it starts again from round 1 on the
@@ -111,8 +111,10 @@ def load_folder(folder: Path) -> dict[str, dict[int, dict]]:
 
 
 def compare(runs: dict, a: str, b: str, part: str = "evaluate", key: str = "acc-after") -> dict | None:
-    seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
-    diffs = [endpoint(runs[a][s], part, key) - endpoint(runs[b][s], part, key) for s in seeds]  # type: ignore[operator]
+    pairs = [(s, endpoint(runs[a][s], part, key), endpoint(runs[b][s], part, key))
+             for s in sorted(set(runs.get(a, {})) & set(runs.get(b, {})))]
+    pairs = [(s, x, y) for s, x, y in pairs if x is not None and y is not None]  # a run too short has none
+    seeds, diffs = [s for s, _, _ in pairs], [x - y for _, x, y in pairs]
     return {**paired(diffs), "seeds": seeds, "differences": diffs} if len(diffs) >= 2 else None
 
 
