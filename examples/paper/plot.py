@@ -41,8 +41,9 @@ def setup_line(runs: dict[str, list[dict]]) -> str:
     parts = []
     total = run["rounds"].get("1", {}).get("train", {}).get("num-examples")
     samples = conf.get("samples-per-client")
-    if total and samples:  # every client trains in round 1 (fraction-train 1.0)
-        clients = round(float(total) / float(samples) / float(conf.get("fraction-train", 1.0)))
+    if total and samples:  # round 1's clients train on their samples less the validation split
+        trained = round(float(samples) * (1 - float(conf.get("val-fraction", 0.0))))
+        clients = round(float(total) / trained / float(conf.get("fraction-train", 1.0)))
         parts.append(f"{clients} clients x {samples} samples")
     if "alpha" in conf:
         parts.append(f"Dir({conf['alpha']})")

@@ -250,7 +250,8 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
     secondary = sorted(set(runs) - set(primary))
     sets = [("accuracy.png", primary, "")]
     if secondary:  # the controls and variants apart, each beside the base
-        sets.append(("secondary.png", ["fedbn", *secondary], "secondary methods (exploratory), "))
+        sets.append(("secondary.png", [m for m in ("fedbn", *secondary) if m in runs],
+                     "secondary methods (exploratory), "))
     for name, methods, kind in sets:
         fig, ax = plt.subplots(figsize=(8, 4.8))
         for r in masked:  # the schedule's mask rounds (every method that masks uses it)
@@ -263,7 +264,8 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
             acc = np.array([[c[r] for r in rounds] for c in curves])
             mean = acc.mean(0)
             # Dashed past the first two, so that curves that coincide (fedbn, lips-inertia) both show.
-            ax.plot(rounds, mean, color=f"C{i}", ls="-" if i < 2 else "--", label=f"{method} (n={len(curves)})")
+            ax.plot(rounds, mean, color=f"C{i}", ls="-" if i < 2 else "--",
+                    label=f"{method} (n={len(curves)})")
             if len(curves) > 1:
                 half = st.t.ppf(0.975, len(curves) - 1) * acc.std(0, ddof=1) / np.sqrt(len(curves))
                 ax.fill_between(rounds, mean - half, mean + half, color=f"C{i}", alpha=0.15)
@@ -296,11 +298,14 @@ def figures(conf_name: str, folder: Path, family: dict) -> list[Path]:
     if pair:
         fig, axes = plt.subplots(1, len(pair), figsize=(6 * len(pair), 3.6), squeeze=False)
         layers = [edges[0], *middle, *edges[1:]]
-        grids = {method: np.log10(np.maximum(np.array(
-            [[series(runs[method][min(runs[method])], "train", f"inertia-rel-step/{n}").get(r, np.nan)
-              for r in range(1, int(conf["num-server-rounds"]) + 1)] for n in layers]), 1e-6)) for method in pair}
-        low = min(np.nanmin(g) for g in grids.values())  # one colour scale for both panels
-        high = max(np.nanmax(g) for g in grids.values())
+        steps = {method: [series(runs[method][min(runs[method])], "train", f"inertia-rel-step/{n}")
+                          for n in layers] for method in pair}  # each method's first seed
+        rounds_all = range(1, int(conf["num-server-rounds"]) + 1)
+        grids = {method: np.log10(np.maximum(np.array([[s.get(r, np.nan) for r in rounds_all] for s in rows]),
+                                             1e-6)) for method, rows in steps.items()}
+        found = [g[np.isfinite(g)] for g in grids.values()]
+        found = [g for g in found if g.size] or [np.zeros(1)]  # (a run without the metrics: a blank panel)
+        low, high = min(g.min() for g in found), max(g.max() for g in found)  # one scale for both
         for ax, method in zip(axes[0], pair):
             grid = grids[method]
             image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=low, vmax=high,

@@ -75,10 +75,11 @@ def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 class LIPSAdapter:
     """The LIPS hooks of both APIs; ``super()`` is the strategy whose aggregate is masked.
 
-    Subclasses implement the conversions (``_views``, ``_parse_aggregate``,
-    ``_with_model``, ``_cached_to_numpy``, ``_numpy_to_cached``, ``_to_state``,
-    ``_from_state``) and call :meth:`_begin_round`, :meth:`_checked` and
-    :meth:`_aggregate_round` from their Flower methods.
+    Subclasses implement the conversions (``_views``, ``_serialized``,
+    ``_with_model``, ``_cached_to_numpy``, ``_numpy_to_cached``; optionally
+    ``_parse_aggregate``, ``_to_state``, ``_from_state``) and call
+    :meth:`_begin_round`, :meth:`_checked` and :meth:`_aggregate_round` from
+    their Flower methods.
     """
 
     core: LIPSCore
@@ -220,9 +221,11 @@ class LIPSAdapter:
         ``unreadable(replies)`` names, as ``(index, reason)``, the replies the
         wrapped strategy cannot read although they passed the header checks
         (the Message API's checks leave each array's ``stype`` unread on a
-        good round). It is asked only when ``inner`` raises: those replies
-        are dropped and the rest aggregated again; when it names none, the
-        exception is the wrapped strategy's own and propagates.
+        good round). It is asked when ``inner`` raises: those replies are
+        dropped (the error logged) and the rest aggregated again; when it
+        names none, the exception is the wrapped strategy's own and
+        propagates. A chain with a privacy accountant is asked before it
+        aggregates instead, as for NaN/Inf.
 
         The aggregate, not each reply, is checked for NaN/Inf: one pass on a
         good round. When it is not finite, ``culprit(replies)`` names the
@@ -245,10 +248,13 @@ class LIPSAdapter:
             _drop_all(replies, [] if unreadable is None else unreadable(replies), drop)
         try:
             aggregate, metrics = inner(replies)
-        except Exception:
+        except Exception as err:
             bad = [] if unreadable is None or irreversible else unreadable(replies)
             if not bad:
                 raise
+            log(WARNING, "LIPS: round %d: %s raised %s: %s; dropping the %d replies it cannot read "
+                "and aggregating the rest again",
+                server_round, _inner_name(self), type(err).__name__, err, len(bad))
             _restore_chain_state(state)
             _drop_all(replies, bad, drop)
             aggregate, metrics = inner(replies)

@@ -5,8 +5,9 @@ same in both Flower APIs: each array is serialized with ``np.save`` (the
 ``data`` of a Message API ``Array``, an entry of legacy
 ``Parameters.tensors``). :func:`lips_flwr._npy.read_npy` parses the ``.npy`` header and
 returns a read-only view of the bytes, so checking a reply copies no array
-data: the only full pass is one :func:`numpy.isfinite` over each
-floating-point array.
+data: the only full pass is the NaN/Inf test of each floating-point array
+(:func:`lips_flwr.core.checks.all_finite`), which the strategies run on the
+aggregate, and on the replies only to find a culprit.
 
 A reply is rejected when its arrays do not match the global model (names,
 count, shapes), cannot be read, are not real numbers (complex, object, text),
@@ -198,9 +199,10 @@ class ModelHeaders:
         self.sorted_names = tuple(sorted(self.names))  # one shared tuple for the replies' signatures
         self._prefixes = tuple(head for head, _ in self._head.values())
         self._lengths = [length for _, length in self._head.values()]
-        # What np.frombuffer needs to view an array with this header: dtype, count, offset, shape.
+        # What np.frombuffer needs to view an array with this header (dtype, count, offset,
+        # shape), or None for a Fortran-order header, which read_npy reads (its data is transposed).
         self._layout = [(self.dtype[n], self.views[n].size, len(self._head[n][0]), self.shape[n])
-                        for n in self.names]
+                        if self.views[n].flags.c_contiguous else None for n in self.names]
 
     def all_same(self, tensors: Mapping[str, object]) -> bool:
         """Whether every array is an ``.npy`` of the global model's dtype and shape for its name.
@@ -231,22 +233,22 @@ class ModelHeaders:
                 and list(map(len, datas)) == self._lengths  # type: ignore[arg-type]
                 and all(map(bytes.startswith, datas, self._prefixes)))  # type: ignore[arg-type]
 
-
     def read_in_order(self, datas: Sequence[bytes]) -> list[np.ndarray]:
         """Read-only views of serialized arrays listed in the global model's order.
 
         An array with the global model's header for its place is viewed with
-        the global model's layout, its header not parsed again; any other is
-        parsed (:func:`lips_flwr._npy.read_npy`, ``ValueError`` if it cannot
-        be read). A fresh aggregate (FedAvg's) has the global model's headers
-        but for integer buffers, which Flower averages into float64.
+        the global model's layout, its header not parsed again; any other
+        (and any in Fortran order) is parsed (:func:`lips_flwr._npy.read_npy`,
+        ``ValueError`` if it cannot be read). A fresh aggregate (FedAvg's) has
+        the global model's headers but for integer buffers, which Flower
+        averages into float64.
         """
         if len(datas) != len(self._layout):
             raise ValueError(f"{len(datas)} arrays, expected {len(self._layout)}")
         views = []
-        for data, prefix, length, (dtype, count, offset, shape) in zip(
-                datas, self._prefixes, self._lengths, self._layout):
-            if type(data) is bytes and len(data) == length and data.startswith(prefix):
+        for data, prefix, length, layout in zip(datas, self._prefixes, self._lengths, self._layout):
+            if layout is not None and type(data) is bytes and len(data) == length and data.startswith(prefix):
+                dtype, count, offset, shape = layout
                 views.append(np.frombuffer(data, dtype, count, offset).reshape(shape))
             else:
                 views.append(read_npy(data))

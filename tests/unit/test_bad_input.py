@@ -282,6 +282,7 @@ def test_numpy_bytes_under_another_stype_are_dropped_when_the_wrapped_strategy_c
     with caplog.at_level(logging.WARNING):
         new, metrics = api.aggregate(2, replies)
     assert "node 7: array 'fc.bias' is serialized as 'torch.Tensor'" in caplog.text
+    assert f"{inner.__name__} raised TypeError" in caplog.text  # the wrapped strategy's error, logged
     plain = MessageAPI(LIPS(inner(), num_rounds=NUM_ROUNDS))  # the same round without that reply
     plain.configure(2, model)
     expected, expected_metrics = plain.aggregate(2, [api.reply(good[0], 10, 1), api.reply(good[1], 30, 2)])

@@ -131,6 +131,43 @@ def test_read_in_order_views_the_arrays_as_read_npy_does(case):
         assert view.flags.writeable == want.flags.writeable  # read-only views of bytes
 
 
+def test_read_in_order_reads_a_fortran_order_model_as_read_npy_does():
+    model = {n: npy(np.asfortranarray(a)) for n, a in tiny_model().items()}
+    headers = ModelHeaders(model)
+    fresh = {n: npy(np.asfortranarray(np.asarray(a) * 2)) for n, a in tiny_model().items()}  # its headers
+    for view, data in zip(headers.read_in_order(list(fresh.values())), fresh.values()):
+        np.testing.assert_array_equal(view, read_npy(data))
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_a_fortran_order_model_is_masked_as_the_same_model_in_c_order(api):
+    # The aggregate's views must not scramble an array whose header says Fortran order:
+    # the scores and the broadcast masked layers would be in the wrong places.
+    def masked_round(layout):
+        model = {n: layout(a) for n, a in tiny_model().items()}
+        replies = [{n: layout(a) for n, a in m.items()} for m in client_models(tiny_model(), 3, seed=5)]
+        if api == "message":  # records of the arrays as they are (to_record makes C-order copies)
+            record = lambda m: ArrayRecord({n: Array(a) for n, a in m.items()})  # noqa: E731
+            strategy = LIPS(FedAvg(), num_rounds=10, tau0=0.5)
+            list(strategy.configure_train(1, record(model), ConfigRecord(), grid()))
+            answers = [reply(m, 10 * (i + 1), i + 1) for i, m in enumerate(replies)]
+            for answer, m in zip(answers, replies):
+                answer.content["arrays"] = record(m)
+            out, _ = strategy.aggregate_train(1, answers)
+            return to_numpy(out)
+        strategy = LegacyLIPS(LegacyFedAvg(), param_names=list(model), num_rounds=10, tau0=0.5)
+        strategy.configure_fit(1, ndarrays_to_parameters(list(model.values())), client_manager(3))
+        out, _ = strategy.aggregate_fit(
+            1, [fit_result(m, 10 * (i + 1), str(i + 1)) for i, m in enumerate(replies)], [])
+        return dict(zip(model, (read_npy(t) for t in out.tensors)))
+
+    c_order = masked_round(lambda a: np.array(a, order="C"))
+    fortran = masked_round(lambda a: np.array(a, order="F"))
+    assert not tiny_model()["conv2.weight"].flags.f_contiguous  # the two runs differ in layout
+    for name in c_order:
+        np.testing.assert_array_equal(fortran[name], c_order[name], err_msg=name)
+
+
 def test_model_headers_views_are_the_global_model():
     model = tiny_model()
     headers = ModelHeaders({n: npy(a) for n, a in model.items()})

@@ -95,7 +95,8 @@ def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
     import numpy as np
 
     layers = ["conv1.0.weight", "conv2.0.weight", "fc.weight"]
-    monkeypatch.setattr(prereg, "layer_groups", lambda conf: (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"]))
+    groups = (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"])  # middle, first and last
+    monkeypatch.setattr(prereg, "layer_groups", lambda conf: groups)
     folder = tmp_path / "prereg-fmnist-dir0.1"
     folder.mkdir()
     rng = np.random.default_rng(0)
@@ -103,14 +104,17 @@ def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
     for method, delta in shift.items():
         for seed in range(1000, 1004):
             masks = method.startswith("lips") and method != "lips-inertia"
-            rounds = {str(r): {
-                "train": {"num-examples": 2000, "acc-before": 0.6, "lips-mask-round": int(masks and r % 5 == 1),
-                          "lips-zeros": 100 if masks and r % 5 == 1 else 0,
-                          **{f"inertia-rel-step/{n}": 0.1 / r for n in layers}},
-                "evaluate": {"acc-after": 0.5 + r / 100 + delta + rng.normal(scale=0.002)}} for r in range(1, 13)}
+            rounds = {}
+            for r in range(1, 13):
+                masked = masks and r % 5 == 1
+                train = {"num-examples": 2000, "acc-before": 0.6, "lips-mask-round": int(masked),
+                         "lips-zeros": 100 if masked else 0, **{f"inertia-rel-step/{n}": 0.1 / r for n in layers}}
+                after = 0.5 + r / 100 + delta + rng.normal(scale=0.002)
+                rounds[str(r)] = {"train": train, "evaluate": {"acc-after": after}}
             conf = {"algorithm": method, "seed": seed, "num-server-rounds": 12, "samples-per-client": 100,
                     "alpha": 0.1, "local-epochs": 5, "every": 5}
-            (folder / f"{method}-seed{seed}.json").write_text(json.dumps({"run_config": conf, "rounds": rounds}))
+            data = {"run_config": conf, "rounds": rounds}
+            (folder / f"{method}-seed{seed}.json").write_text(json.dumps(data))
     prereg.report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "| H1 | lips - fedbn | 4 |" in text and "| H2 | lips - lips-random | 4 |" in text

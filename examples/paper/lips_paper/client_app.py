@@ -88,7 +88,7 @@ def setup(msg: Message, context: Context):
     return cfg, pid, net.to(device), tensors
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def middle_layers(model: str, num_classes: int, channels: int) -> tuple[str, ...]:
     """The layers LIPS masks in this model, in its order (names only: the same for every client and round)."""
     net = build_model(model, num_classes, channels)
