@@ -172,8 +172,14 @@ def layer_groups(conf_name: str) -> tuple[list[str], list[str]]:
     return middle, [n for n in select_layers(model, "all") if n not in middle]
 
 
-def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]) -> tuple[list[str], dict]:
-    """Markdown lines and a JSON summary for one regime's folder."""
+def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]],
+                exploratory: tuple[tuple[str, str], ...] = ()) -> tuple[list[str], dict]:
+    """Markdown lines and a JSON summary for one regime's folder.
+
+    ``family``: the confirmatory hypotheses, tested with Holm's correction and
+    given a verdict; ``exploratory``: pairs reported without correction or
+    verdict, first among the secondary rows (PROTOCOL.md: Dir(1.0)'s FedBN vs LIPS).
+    """
     runs = load_folder(folder)
     lines = [f"## {conf_name}", "", "| method | seeds | endpoint (after, last 10) | before, last 10 |",
              "| --- | --- | --- | --- |"]
@@ -186,8 +192,9 @@ def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]
     tests = {h: compare(runs, a, b) for h, (a, b) in family.items()}
     tests = {h: t for h, t in tests.items() if t is not None}
     adjusted = holm({h: t["p_t"] for h, t in tests.items()})
-    lines += ["", "| hypothesis | difference | seeds | mean | 95% CI | p (t) | p (sign) | p Holm | verdict |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if family:
+        lines += ["", "| hypothesis | difference | seeds | mean | 95% CI | p (t) | p (sign) | p Holm | verdict |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for h, t in tests.items():
         a, b = family[h]
         t["p_holm"], t["verdict"] = adjusted[h], verdict(t, adjusted[h])
@@ -195,7 +202,8 @@ def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]
         lines.append(f"| {h} | {a} - {b} | {t['n']} | {100 * t['mean']:+.2f} pt | "
                      f"[{100 * t['ci_low']:+.2f}, {100 * t['ci_high']:+.2f}] | {t['p_t']:.3f} | "
                      f"{t['p_sign']:.3f} | {t['p_holm']:.3f} | {t['verdict']} |")
-    pairs = [*SECONDARY_PAIRS, *(((a, b), "train", "acc-before") for a, b in family.values())]
+    pairs = [*exploratory, *SECONDARY_PAIRS,
+             *(((a, b), "train", "acc-before") for a, b in (*exploratory, *family.values()))]
     rows = []
     for pair in pairs:
         (a, b), part, key = (pair, "evaluate", "acc-after") if isinstance(pair[0], str) else pair
@@ -329,9 +337,13 @@ def report(out: Path) -> None:
         folder = out / conf_name
         if not folder.is_dir() or not any(folder.glob("*-seed*.json")):
             continue
-        family = HYPOTHESES if conf_name.endswith("dir0.1") else {"H1": HYPOTHESES["H1"]}
-        conf_lines, summary[conf_name] = report_conf(conf_name, folder, family)
-        names = ", ".join(f"`{p.name}`" for p in figures(conf_name, folder, family))
+        # H1-H3 with Holm in regime (a) Dir(0.1) and in (b); Dir(1.0) is exploratory (PROTOCOL.md).
+        confirmatory = conf_name.endswith("dir0.1")
+        family = HYPOTHESES if confirmatory else {}
+        exploratory = () if confirmatory else (HYPOTHESES["H1"],)
+        conf_lines, summary[conf_name] = report_conf(conf_name, folder, family, exploratory)
+        shown = {**family, **{"exploratory": pair for pair in exploratory}}
+        names = ", ".join(f"`{p.name}`" for p in figures(conf_name, folder, shown))
         lines += conf_lines + ["", f"Figures in `{conf_name}/`: {names}.", ""]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n")

@@ -88,21 +88,16 @@ def test_inertia_rule_middle_against_first_and_last_layers():
     assert not prereg.inertia_rho(data, ["mid"], ["first", "last"])["arises"]
 
 
-def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
-    pytest.importorskip("matplotlib")
+def _write_runs(folder, shift, seeds=range(1000, 1004)):
     import json
 
     import numpy as np
 
     layers = ["conv1.0.weight", "conv2.0.weight", "fc.weight"]
-    groups = (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"])  # middle, first and last
-    monkeypatch.setattr(prereg, "layer_groups", lambda conf: groups)
-    folder = tmp_path / "prereg-fmnist-dir0.1"
     folder.mkdir()
     rng = np.random.default_rng(0)
-    shift = {"fedbn": 0.0, "lips": 0.01, "lips-random": -0.05, "lips-inertia": 0.0, "freeze": -0.01}
     for method, delta in shift.items():
-        for seed in range(1000, 1004):
+        for seed in seeds:
             masks = method.startswith("lips") and method != "lips-inertia"
             rounds = {}
             for r in range(1, 13):
@@ -115,6 +110,16 @@ def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
                     "alpha": 0.1, "local-epochs": 5, "every": 5}
             data = {"run_config": conf, "rounds": rounds}
             (folder / f"{method}-seed{seed}.json").write_text(json.dumps(data))
+
+
+def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import json
+
+    groups = (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"])  # middle, first and last
+    monkeypatch.setattr(prereg, "layer_groups", lambda conf: groups)
+    folder = tmp_path / "prereg-fmnist-dir0.1"
+    _write_runs(folder, {"fedbn": 0.0, "lips": 0.01, "lips-random": -0.05, "lips-inertia": 0.0, "freeze": -0.01})
     prereg.report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "| H1 | lips - fedbn | 4 |" in text and "| H2 | lips - lips-random | 4 |" in text
@@ -124,3 +129,15 @@ def test_report_writes_the_tables_verdicts_and_figures(tmp_path, monkeypatch):
         assert (folder / name).read_bytes()[:4] == b"\x89PNG" and f"`{name}`" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["prereg-fmnist-dir0.1"]["hypotheses"]["H2"]["mean"] == pytest.approx(0.06, abs=0.005)
+
+
+def test_the_dir1_regime_is_reported_as_exploratory_without_a_verdict(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    groups = (["conv2.0.weight"], ["conv1.0.weight", "fc.weight"])
+    monkeypatch.setattr(prereg, "layer_groups", lambda conf: groups)
+    _write_runs(tmp_path / "prereg-fmnist-dir1.0", {"fedbn": 0.0, "lips": 0.02})
+    prereg.report(tmp_path)
+    text = (tmp_path / "report.md").read_text().split("## prereg-fmnist-dir1.0")[1]
+    assert "| hypothesis |" not in text and "supported" not in text  # PROTOCOL.md: secondary, uncorrected
+    assert "| lips - fedbn | acc-after | 4 | +2.0" in text and "| lips - fedbn | acc-before | 4 |" in text
+    assert (tmp_path / "prereg-fmnist-dir1.0" / "differences.png").read_bytes()[:4] == b"\x89PNG"
