@@ -9,7 +9,10 @@ aggregated by
 - Message API: ``FedAvg()`` vs ``LIPS(FedAvg())``,
 - legacy API: ``FedAvg()`` vs ``LegacyLIPS(FedAvg(), param_names=...)``,
 
-on a mask round (round 1, tau = 0.5) and a round without a mask (round 2),
+on a mask round (round 1, tau = 0.5, from the initial model) and a round
+without a mask (round 2, from round 1's FedAvg aggregate, whose integer
+buffers Flower averaged into float64 while the clients send integers), each
+LIPS call a round of its own (``configure_train`` first, untimed),
 interleaved round-robin. Reported per case:
 
 - the median seconds of each, and the median of the paired ratios;
@@ -148,12 +151,17 @@ def measure(api: str, model_name: str, clients: int, reps: int, memory_clients: 
 
     rows = []
     for rnd, kind in ROUNDS:
+        if rnd > 1:  # as in a run: the global model is the last aggregate (FedAvg's float64 buffers)
+            previous = call(bare_inner, rnd - 1)[0]
         configure(rnd)
         own: list[float] = []
         checks.clear()
 
-        # LIPS's own time = the LIPS call minus its inner FedAvg in the same call.
+        # LIPS's own time = the LIPS call minus its inner FedAvg in the same call. Each call is
+        # a round of its own (configure first, untimed): the global model's headers are read
+        # in every round, as in a run.
         def timed_lips():
+            configure(rnd)
             start = time.perf_counter()
             call(lips, rnd)
             own.append(time.perf_counter() - start - lips_inner.last)

@@ -79,6 +79,26 @@ def read_npy(data: bytes) -> np.ndarray:
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
+def npy_header(data: bytes) -> tuple[bytes, tuple[int, ...], np.dtype, int] | None:
+    """``(header bytes, shape, dtype, length)`` of a C-order ``.npy`` array, from its header alone.
+
+    The header bytes are the magic string and header that ``np.save`` wrote
+    (a prefix of ``data``); ``length`` is the length of a whole array with
+    that header. ``None`` when ``data`` is not such an array (Fortran order,
+    object dtype, an unreadable or very long header).
+    """
+    prefix = _header_prefix(data)
+    if prefix is None:
+        return None
+    try:
+        shape, fortran, dtype, offset = _parse_header(prefix)
+    except (ValueError, EOFError, SyntaxError):
+        return None
+    if fortran or dtype.hasobject:
+        return None
+    return prefix, shape, dtype, offset + math.prod(shape) * dtype.itemsize
+
+
 def npy_shape(data: bytes) -> tuple[int, ...]:
     """Shape of a serialized ``.npy`` array (reads the header only)."""
     return tuple(read_npy(data).shape)

@@ -28,6 +28,7 @@ from typing import Any, TypedDict, TypeVar
 import numpy as np
 from flwr.common import log
 
+from .._npy import npy_header
 from ..core.checks import nonfinite_arrays
 from ..core.layers import LayerSpec
 from ..core.lips import OPTIONS, TRIGGER_OPTIONS, LIPSCore, RoundOutcome
@@ -90,6 +91,9 @@ class LIPSAdapter:
     # The global model's headers for the reply checks, read once per global model:
     # (the model, its ModelHeaders, its serialized arrays then).
     _lips_headers: tuple[Any, ModelHeaders, list] | None = None
+    # name -> .npy header the replies sent last round where their dtype was not the
+    # global model's (ModelHeaders' `replied`: the fast path of the next round's checks).
+    _lips_replied: dict[str, bytes] = {}  # replaced, never mutated: no shared state
 
     # ------------------------------------------------------------ construction
     def _init_lips(self, options: Mapping[str, Any]) -> None:
@@ -162,9 +166,24 @@ class LIPSAdapter:
         headers = self._cached_headers()
         if headers is None:
             names, datas = self._serialized(self._lips_previous)
-            headers = ModelHeaders(dict(zip(names, datas)))
+            headers = ModelHeaders(dict(zip(names, datas)), self._lips_replied)
             self._lips_headers = (self._lips_previous, headers, datas)
         return headers
+
+    def _remember_replied(self, headers: ModelHeaders, chosen: Mapping[str, np.dtype],
+                          kept: Mapping[str, Any] | None) -> None:
+        """Keep, for the next round's checks, the headers of the arrays replies sent in another
+        dtype than the global model's (``chosen``: the dtypes aggregated; ``kept``: one kept
+        reply's ``name -> .npy bytes``, already in those dtypes)."""
+        if chosen is headers.replied_dtype:  # the headers already known (none, or last round's)
+            return
+        replied = {}
+        for name, dtype in chosen.items():
+            data = None if kept is None else kept.get(name)
+            found = None if data is None or dtype == headers.dtype.get(name) else npy_header(data)
+            if found is not None and found[2] == dtype:
+                replied[name] = found[0]
+        self._lips_replied = replied
 
     def _cached_headers(self) -> ModelHeaders | None:
         """:meth:`_model_headers` if they were read from the global model as it is now, else ``None``."""

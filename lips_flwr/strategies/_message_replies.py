@@ -143,12 +143,15 @@ def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -
         if reason is not None:
             return TrainReply(reason, content, items)
     datas = list(map(_DATA, arrays.values()))
-    if list(arrays) == headers.name_list and headers.all_same_in_order(datas):
-        # Not read here: each Array's ``stype`` (one more object per array to reach). Bytes
-        # with the global model's header and another stype make the wrapped strategy's
-        # ``Array.numpy()`` raise; the adapter then drops them (:func:`serialization_culprits`).
+    in_order = list(arrays) == headers.name_list
+    # Not read on these two paths: each Array's ``stype`` (one more object per array to
+    # reach). Bytes with the expected header and another stype make the wrapped strategy's
+    # ``Array.numpy()`` raise; the adapter then drops them (:func:`serialization_culprits`).
+    if in_order and headers.all_same_in_order(datas):
         dtypes: Mapping[str, np.dtype] = headers.dtype
         names = headers.sorted_names
+    elif in_order and headers.as_replied_in_order(datas):  # as last round's replies
+        dtypes, names = headers.replied_dtype, headers.sorted_names
     else:  # the example count is checked above
         reason = serialization_problem(dict(zip(arrays, map(_STYPE, arrays.values()))))
         if reason is not None:
@@ -246,16 +249,19 @@ def reply_views(msg: Message) -> dict[str, np.ndarray]:
 
 def cast_replies(
     replies: list[Message], dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-) -> set[int]:
-    """Re-serialize, in place, every array in another dtype than most replies'; ``id`` of each reply cast.
+) -> tuple[set[int], Mapping[str, np.dtype]]:
+    """Re-serialize, in place, every array in another dtype than most replies'.
 
+    Returns the ``id`` of each reply cast and the dtypes chosen.
     ``dtypes`` holds each reply's dtypes (from :func:`train_problem`).
     Flower's aggregation accumulates into the first reply's dtype: a float16
     or integer reply listed first would otherwise narrow the whole aggregate
     (see :func:`._reply_checks.common_dtypes`). On a good round nothing is cast.
     """
-    if all(found is dtypes[0] for found in dtypes):  # one shared map (headers like the global model's)
-        return set()
+    if not dtypes:
+        return set(), previous
+    if all(found is dtypes[0] for found in dtypes):  # one shared map (headers as expected)
+        return set(), dtypes[0]
     chosen = common_dtypes(dtypes, previous)
     cast = set()
     for msg, found in zip(replies, dtypes):
@@ -267,7 +273,7 @@ def cast_replies(
             data = read_npy(record[name].data)
             record[name] = Array(np.ascontiguousarray(data.astype(chosen[name])))
         cast.add(id(msg))
-    return cast
+    return cast, chosen
 
 
 def serialization_culprits(replies: list[Message]) -> list[tuple[int, str]]:

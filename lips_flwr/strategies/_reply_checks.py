@@ -28,7 +28,7 @@ from typing import cast
 
 import numpy as np
 
-from .._npy import NUMPY_SERIALIZATION, npy_shape, read_npy
+from .._npy import NUMPY_SERIALIZATION, npy_header, npy_shape, read_npy
 from ..core.checks import arrays_mismatch, nonfinite_arrays
 
 # Above 2**53 a float64 no longer counts examples exactly; no client has that many.
@@ -185,7 +185,7 @@ class ModelHeaders:
     only an array that differs is parsed (:func:`reply_problem`).
     """
 
-    def __init__(self, tensors: Mapping[str, bytes]) -> None:
+    def __init__(self, tensors: Mapping[str, bytes], replied: Mapping[str, bytes] | None = None) -> None:
         self.shape: dict[str, tuple[int, ...]] = {}
         self.dtype: dict[str, np.dtype] = {}
         self.views: dict[str, np.ndarray] = {}  # the global model, read-only views of ``tensors``
@@ -203,6 +203,29 @@ class ModelHeaders:
         # shape), or None for a Fortran-order header, which read_npy reads (its data is transposed).
         self._layout = [(self.dtype[n], self.views[n].size, len(self._head[n][0]), self.shape[n])
                         if self.views[n].flags.c_contiguous else None for n in self.names]
+        self._replied(replied or {})
+
+    def _replied(self, replied: Mapping[str, bytes]) -> None:
+        """The headers replies sent where they differ from the global model's (:meth:`as_replied_in_order`).
+
+        Flower's FedAvg averages integer buffers (``num_batches_tracked``)
+        into float64, and clients send them back as integers: without these,
+        every reply of every round after the first would miss the fast path.
+        ``replied`` maps names to ``.npy`` headers (:func:`lips_flwr._npy.npy_header`'s
+        first item); one that does not describe a real-number array of the
+        global model's shape for its name is ignored.
+        """
+        prefixes, lengths, dtype = list(self._prefixes), list(self._lengths), dict(self.dtype)
+        for i, name in enumerate(self.names):
+            found = npy_header(replied[name]) if name in replied else None
+            if found is None or found[1] != self.shape[name] or found[2].kind not in REAL_KINDS:
+                continue
+            prefixes[i], lengths[i], dtype[name] = found[0], found[3], found[2]
+        changed = dtype != self.dtype or prefixes != list(self._prefixes)
+        # The replies' dtypes: the global model's own map when nothing differs (one shared object).
+        self.replied_dtype: dict[str, np.dtype] = dtype if changed else self.dtype
+        self._replied_prefixes = tuple(prefixes) if changed else self._prefixes
+        self._replied_lengths = lengths if changed else self._lengths
 
     def all_same(self, tensors: Mapping[str, object]) -> bool:
         """Whether every array is an ``.npy`` of the global model's dtype and shape for its name.
@@ -232,6 +255,17 @@ class ModelHeaders:
                 and set(map(type, datas)) <= _BYTES
                 and list(map(len, datas)) == self._lengths  # type: ignore[arg-type]
                 and all(map(bytes.startswith, datas, self._prefixes)))  # type: ignore[arg-type]
+
+    def as_replied_in_order(self, datas: Sequence[object]) -> bool:
+        """:meth:`all_same_in_order` against the headers the replies sent last round (``replied``).
+
+        ``False`` when there are none: then the global model's headers are all there is.
+        """
+        return (self.replied_dtype is not self.dtype
+                and len(datas) == len(self._replied_lengths)
+                and set(map(type, datas)) <= _BYTES
+                and list(map(len, datas)) == self._replied_lengths  # type: ignore[arg-type]
+                and all(map(bytes.startswith, datas, self._replied_prefixes)))  # type: ignore[arg-type]
 
     def read_in_order(self, datas: Sequence[bytes]) -> list[np.ndarray]:
         """Read-only views of serialized arrays listed in the global model's order.

@@ -138,7 +138,9 @@ class _LegacyLIPSMixin(LIPSAdapter):
 
             results, dropped = self._checked(results, problem)
             failures.extend(dropped)
-            self._cast_results(results, [dtypes[id(r)] for r in results], headers.dtype)
+            chosen = self._cast_results(results, [dtypes[id(r)] for r in results], headers.dtype)
+            first = dict(zip(headers.names, results[0][1].parameters.tensors)) if results else None
+            self._remember_replied(headers, chosen, first)
         inner = super().aggregate_fit  # type: ignore[misc]
 
         def drop(result: tuple[ClientProxy, FitRes], reason: str) -> None:
@@ -182,20 +184,26 @@ class _LegacyLIPSMixin(LIPSAdapter):
             return f"{len(tensors)} arrays, expected {len(names)}", {}
         if headers.all_same_in_order(tensors):  # the usual case: no name -> bytes dict to build
             return num_examples_problem(res.num_examples, "num_examples"), headers.dtype
+        if headers.as_replied_in_order(tensors):  # as last round's replies (FedAvg's float64 buffers)
+            return num_examples_problem(res.num_examples, "num_examples"), headers.replied_dtype
         return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
 
     def _cast_results(
         self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-    ) -> None:
-        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.common_dtypes`)."""
-        if all(found is dtypes[0] for found in dtypes):  # one shared map (headers like the global model's)
-            return
+    ) -> Mapping[str, np.dtype]:
+        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.common_dtypes`);
+        the dtypes chosen."""
+        if not dtypes:
+            return previous
+        if all(found is dtypes[0] for found in dtypes):  # one shared map (headers as expected)
+            return dtypes[0]
         chosen = common_dtypes(dtypes, previous)
         for (_, res), found in zip(results, dtypes):
             for i, (name, dtype) in enumerate(found.items()):
                 if dtype != chosen[name]:
                     data = read_npy(res.parameters.tensors[i]).astype(chosen[name])
                     res.parameters.tensors[i] = ndarray_to_bytes(np.ascontiguousarray(data))
+        return chosen
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager

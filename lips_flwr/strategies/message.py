@@ -119,8 +119,11 @@ class _LIPSMixin(LIPSAdapter):
 
             usable, _ = self._checked(usable, problem)
             usable = self._consistent(usable, True, [read[id(msg)].signature for msg in usable])
-            for cast in cast_replies(usable, [read[id(msg)].dtypes for msg in usable], headers.dtype):
-                read[cast].arrays = record_dict(cast_to(ArrayRecord, read[cast].record))  # its new Arrays
+            cast, chosen = cast_replies(usable, [read[id(msg)].dtypes for msg in usable], headers.dtype)
+            for msg_id in cast:
+                read[msg_id].arrays = record_dict(cast_to(ArrayRecord, read[msg_id].record))  # its new Arrays
+            first = read[id(usable[0])].arrays if usable else None
+            self._remember_replied(headers, chosen, None if first is None else _bytes_of(first))
         inner = super().aggregate_train  # type: ignore[misc]
         # Some strategies consume the replies (FedMedian pops their arrays): a retry
         # after a non-finite aggregate needs them back.
@@ -261,6 +264,11 @@ def _to_array(array: np.ndarray) -> Array:
         return Array(array)
     data = b"".join((header.getvalue(), array.reshape(-1).view(np.uint8).data))
     return Array(dtype=str(array.dtype), shape=tuple(array.shape), stype=NUMPY_SERIALIZATION, data=data)
+
+
+def _bytes_of(arrays: Mapping[str, Array]) -> dict[str, Any]:
+    """``name -> Array.data`` (what the checks compare)."""
+    return {name: array.data for name, array in arrays.items()}
 
 
 def _sender(msg: Message) -> str:

@@ -256,6 +256,78 @@ def test_the_model_headers_are_read_once_per_global_model_and_follow_a_change(ap
     assert strategy._model_headers() is not fresh
 
 
+def test_replied_headers_are_a_second_fast_path_for_their_dtypes_only():
+    model = tiny_model()
+    buffers = [n for n in model if n.endswith("num_batches_tracked")]
+    as_fedavg_sends = {n: npy(np.asarray(a, np.float64) if n in buffers else a) for n, a in model.items()}
+    as_clients_send = {n: npy(a) for n, a in model.items()}  # int64 buffers
+    plain = ModelHeaders(as_fedavg_sends)
+    assert plain.replied_dtype is plain.dtype and not plain.as_replied_in_order(list(as_clients_send.values()))
+    headers = ModelHeaders(as_fedavg_sends, {n: as_clients_send[n] for n in buffers})
+    assert not headers.all_same_in_order(list(as_clients_send.values()))
+    assert headers.as_replied_in_order(list(as_clients_send.values()))
+    assert {n: headers.replied_dtype[n] for n in buffers} == {n: np.dtype(np.int64) for n in buffers}
+    assert {n: d for n, d in headers.replied_dtype.items() if n not in buffers} == \
+        {n: d for n, d in headers.dtype.items() if n not in buffers}
+    other = dict(as_clients_send, **{buffers[0]: npy(np.zeros(3, np.int64))})  # another shape
+    assert not headers.as_replied_in_order(list(other.values()))
+    wrong = ModelHeaders(as_fedavg_sends, {buffers[0]: npy(np.zeros(3, np.int64)),  # not its shape
+                                           buffers[1]: npy(np.array(["x"]))})      # not a number
+    assert wrong.replied_dtype is wrong.dtype
+
+
+@pytest.mark.parametrize("api", ["message", "legacy"])
+def test_rounds_after_fedavg_made_the_buffers_float64_take_the_fast_path_with_the_same_aggregate(
+        api, monkeypatch):
+    """Round 2's global model has FedAvg's float64 buffers, the clients send int64: from round 3 the
+    replies match the headers learned in round 2, with the aggregate the per-name checks give."""
+    import lips_flwr.strategies._message_replies as message_replies
+    import lips_flwr.strategies.legacy as legacy
+
+    module = message_replies if api == "message" else legacy
+    slow_calls = []
+    real = module.fast_reply_problem
+    monkeypatch.setattr(module, "fast_reply_problem", lambda *a, **k: slow_calls.append(1) or real(*a, **k))
+    model = tiny_model()
+    trained = client_models(model, 3, seed=5)
+
+    def run(strategy, rounds):
+        global_model, slow = None, []
+        for rnd in range(1, rounds + 1):
+            slow_calls.clear()
+            if api == "message":
+                arrays = to_record(model) if global_model is None else global_model
+                list(strategy.configure_train(rnd, arrays, ConfigRecord(), grid()))
+                global_model, _ = strategy.aggregate_train(rnd, [reply(m, 10 * (i + 1), i + 1)
+                                                                 for i, m in enumerate(trained)])
+            else:
+                params = ndarrays_to_parameters(list(model.values())) if global_model is None else global_model
+                strategy.configure_fit(rnd, params, client_manager())
+                global_model, _ = strategy.aggregate_fit(
+                    rnd, [fit_result(m, 10 * (i + 1), str(i + 1)) for i, m in enumerate(trained)], [])
+            slow.append(len(slow_calls))
+        return global_model, slow
+
+    if api == "message":
+        make = lambda: LIPS(FedAvg(), num_rounds=10, tau0=0.0)  # noqa: E731
+    else:
+        # inplace=False: legacy FedAvg's in-place sum keeps int64 buffers, its plain mean does not
+        make = lambda: LegacyLIPS(LegacyFedAvg(inplace=False), param_names=list(model),  # noqa: E731
+                                  num_rounds=10, tau0=0.0)
+    got, slow = run(make(), 4)
+    assert slow == [0, 3, 0, 0]  # round 2's replies miss the float64 headers; later rounds do not
+    fresh = make()
+    fresh._remember_replied = lambda *args: None  # every round through the per-name checks
+    want, slow_want = run(fresh, 4)
+    assert slow_want == [0, 3, 3, 3]
+    assert got is not None
+    if api == "message":
+        for name in model:  # the same aggregate as the per-name checks give (round 4 of the same replies)
+            np.testing.assert_array_equal(to_numpy(got)[name], to_numpy(want)[name])
+    else:
+        assert got.tensors == want.tensors
+
+
 def test_replies_are_checked_against_the_global_model_as_it_is_when_they_come(caplog):
     """A global model changed in place between configure_train and aggregate_train is read again."""
     model = tiny_model()
