@@ -126,7 +126,7 @@ def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -
     by a metric, one MetricRecord with a positive, finite scalar for it.
     Headers only (:func:`._reply_checks.fast_reply_problem`); one pass over
     the reply's records, and over its arrays' attributes, in C loops when its
-    arrays are like the global model's (:meth:`ModelHeaders.all_same_in_order`).
+    arrays have known headers (:meth:`ModelHeaders.dtypes_in_order`).
     On that path the arrays' ``stype`` is left to :func:`serialization_culprits`.
     The reply's consistency signature (:func:`signature`) is built here too.
     """
@@ -147,11 +147,10 @@ def train_problem(msg: Message, headers: ModelHeaders, weight_key: str | None) -
     # Not read on these two paths: each Array's ``stype`` (one more object per array to
     # reach). Bytes with the expected header and another stype make the wrapped strategy's
     # ``Array.numpy()`` raise; the adapter then drops them (:func:`serialization_culprits`).
-    if in_order and headers.all_same_in_order(datas):
-        dtypes: Mapping[str, np.dtype] = headers.dtype
+    known = headers.dtypes_in_order(datas) if in_order else None  # the usual case
+    if known is not None:
+        dtypes: Mapping[str, np.dtype] = known
         names = headers.sorted_names
-    elif in_order and headers.as_replied_in_order(datas):  # as last round's replies
-        dtypes, names = headers.replied_dtype, headers.sorted_names
     else:  # the example count is checked above
         reason = serialization_problem(dict(zip(arrays, map(_STYPE, arrays.values()))))
         if reason is not None:

@@ -206,7 +206,7 @@ class ModelHeaders:
         self._replied(replied or {})
 
     def _replied(self, replied: Mapping[str, bytes]) -> None:
-        """The headers replies sent where they differ from the global model's (:meth:`as_replied_in_order`).
+        """The headers replies sent where they differ from the global model's (:meth:`dtypes_in_order`).
 
         Flower's FedAvg averages integer buffers (``num_batches_tracked``)
         into float64, and clients send them back as integers: without these,
@@ -256,16 +256,25 @@ class ModelHeaders:
                 and list(map(len, datas)) == self._lengths  # type: ignore[arg-type]
                 and all(map(bytes.startswith, datas, self._prefixes)))  # type: ignore[arg-type]
 
-    def as_replied_in_order(self, datas: Sequence[object]) -> bool:
-        """:meth:`all_same_in_order` against the headers the replies sent last round (``replied``).
+    def dtypes_in_order(self, datas: Sequence[object]) -> Mapping[str, np.dtype] | None:
+        """The dtypes of serialized arrays listed in the global model's order, from their headers.
 
-        ``False`` when there are none: then the global model's headers are all there is.
+        ``replied_dtype`` when every array starts with the header the replies
+        sent last round (``replied``), else ``dtype`` when every array is like
+        the global model's (:meth:`all_same_in_order`), else ``None`` (then the
+        arrays are checked one by one). Last round's headers are tried first:
+        once FedAvg has made the global model's integer buffers float64, every
+        reply has them, and a good round costs one pass per reply.
         """
-        return (self.replied_dtype is not self.dtype
-                and len(datas) == len(self._replied_lengths)
-                and set(map(type, datas)) <= _BYTES
-                and list(map(len, datas)) == self._replied_lengths  # type: ignore[arg-type]
-                and all(map(bytes.startswith, datas, self._replied_prefixes)))  # type: ignore[arg-type]
+        if len(datas) != len(self._lengths) or not set(map(type, datas)) <= _BYTES:
+            return None
+        lengths = list(map(len, datas))  # type: ignore[arg-type]
+        if (self.replied_dtype is not self.dtype and lengths == self._replied_lengths
+                and all(map(bytes.startswith, datas, self._replied_prefixes))):  # type: ignore[arg-type]
+            return self.replied_dtype
+        if lengths == self._lengths and all(map(bytes.startswith, datas, self._prefixes)):  # type: ignore[arg-type]
+            return self.dtype
+        return None
 
     def read_in_order(self, datas: Sequence[bytes]) -> list[np.ndarray]:
         """Read-only views of serialized arrays listed in the global model's order.

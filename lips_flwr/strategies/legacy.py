@@ -182,10 +182,9 @@ class _LegacyLIPSMixin(LIPSAdapter):
         names, tensors = headers.names, res.parameters.tensors
         if len(tensors) != len(names):
             return f"{len(tensors)} arrays, expected {len(names)}", {}
-        if headers.all_same_in_order(tensors):  # the usual case: no name -> bytes dict to build
-            return num_examples_problem(res.num_examples, "num_examples"), headers.dtype
-        if headers.as_replied_in_order(tensors):  # as last round's replies (FedAvg's float64 buffers)
-            return num_examples_problem(res.num_examples, "num_examples"), headers.replied_dtype
+        known = headers.dtypes_in_order(tensors)  # the usual case: no name -> bytes dict to build
+        if known is not None:
+            return num_examples_problem(res.num_examples, "num_examples"), known
         return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
 
     def _cast_results(

@@ -262,15 +262,16 @@ def test_replied_headers_are_a_second_fast_path_for_their_dtypes_only():
     as_fedavg_sends = {n: npy(np.asarray(a, np.float64) if n in buffers else a) for n, a in model.items()}
     as_clients_send = {n: npy(a) for n, a in model.items()}  # int64 buffers
     plain = ModelHeaders(as_fedavg_sends)
-    assert plain.replied_dtype is plain.dtype and not plain.as_replied_in_order(list(as_clients_send.values()))
+    assert plain.replied_dtype is plain.dtype and plain.dtypes_in_order(list(as_clients_send.values())) is None
     headers = ModelHeaders(as_fedavg_sends, {n: as_clients_send[n] for n in buffers})
     assert not headers.all_same_in_order(list(as_clients_send.values()))
-    assert headers.as_replied_in_order(list(as_clients_send.values()))
+    assert headers.dtypes_in_order(list(as_clients_send.values())) is headers.replied_dtype
+    assert headers.dtypes_in_order(list(as_fedavg_sends.values())) is headers.dtype  # still a fast path
     assert {n: headers.replied_dtype[n] for n in buffers} == {n: np.dtype(np.int64) for n in buffers}
     assert {n: d for n, d in headers.replied_dtype.items() if n not in buffers} == \
         {n: d for n, d in headers.dtype.items() if n not in buffers}
     other = dict(as_clients_send, **{buffers[0]: npy(np.zeros(3, np.int64))})  # another shape
-    assert not headers.as_replied_in_order(list(other.values()))
+    assert headers.dtypes_in_order(list(other.values())) is None
     wrong = ModelHeaders(as_fedavg_sends, {buffers[0]: npy(np.zeros(3, np.int64)),  # not its shape
                                            buffers[1]: npy(np.array(["x"]))})      # not a number
     assert wrong.replied_dtype is wrong.dtype
