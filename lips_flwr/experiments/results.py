@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from ..persistence.npz_store import write_atomic
+from ..persistence.npz_store import remove_stale_temporaries, write_atomic
 
 
 def _plain(value: Any) -> Any:
@@ -34,6 +34,9 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
 
     The file gets a normal file's mode (``0o666 & ~umask``, e.g. 0644), not the
     0600 of the temporary file it is renamed from, set before it takes the name.
+    Temporary files of this name that a killed writer left are removed
+    (:func:`~lips_flwr.persistence.npz_store.remove_stale_temporaries`): a run
+    stopped mid-write and continued leaves nothing behind.
     """
     text = json.dumps(payload, indent=2, sort_keys=True, default=_plain)
     mode = 0o666 & ~_umask()
@@ -44,6 +47,7 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
             os.fchmod(f.fileno(), mode)
 
     write_atomic(path, write)
+    remove_stale_temporaries(path)
 
 
 __all__ = ["write_json_atomic"]

@@ -60,6 +60,22 @@ def test_results_are_written_atomically(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["results.json"]  # no temp left
 
 
+def test_a_results_write_removes_what_a_killed_writer_left(tmp_path):
+    """A process killed in mid-write leaves ``.<name>.<pid>.<random>``; the next write removes it."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "results.json"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    left = tmp_path / f".results.json.{dead}.k3j9x_"
+    live = tmp_path / f".results.json.{os.getppid()}.a8b2c_"  # a running writer's: it stays
+    left.write_text("{"), live.write_text("{")
+    write_json_atomic(path, {"x": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "results.json"])
+
+
 def test_weight_decay_only_on_named_parameters():
     from lips_flwr.experiments.training import train_tensors
 
