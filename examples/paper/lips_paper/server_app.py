@@ -125,29 +125,30 @@ class FreezeMiddleFedAvg(StableFedAvg):
         return arrays, metrics
 
 
-class RecordingLIPS(LIPS):
-    """LIPS that writes the run's JSON results file (atomically) after every round.
+class ResultsFile:
+    """The run's JSON results file, rewritten (atomically) after every round.
 
-    A resumed run (``resume`` with a checkpoint) keeps the rounds of the
-    results file that come before its first round.
+    A resumed run (``resume`` with a checkpoint) keeps the rounds of the file
+    that come before its first round. This bookkeeping belongs to the
+    process, not to the run: it lives here, not in the strategy, whose plain
+    attributes a LIPS checkpoint saves and a resume restores (a restored
+    "first round" would make a resumed run drop the rounds before it).
     """
 
-    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int,
-                 eval_before_every: int = 1, eval_last: int = 0, **kwargs):
-        super().__init__(strategy, **kwargs)
-        self.results_path, self.eval_every = results_path, eval_every
-        self.eval_before_every, self.eval_last = eval_before_every, eval_last
+    def __init__(self, path: str, run_config: dict) -> None:
+        self.path = path
         self.record = {"run_config": run_config, "rounds": {}, "summary": {}}
         self.started = time.perf_counter()
         self.first_round: int | None = None
 
     def _keep_earlier_rounds(self, first_round: int) -> None:
-        path = Path(self.results_path)
-        if first_round > 1 and self.results_path and path.exists():
+        path = Path(self.path)
+        if first_round > 1 and self.path and path.exists():
             earlier = json.loads(path.read_text()).get("rounds", {})
             self.record["rounds"] = {r: v for r, v in earlier.items() if int(r) < first_round}
 
-    def _save(self, server_round: int, part: str, metrics) -> None:
+    def save(self, server_round: int, part: str, metrics) -> None:
+        """Record ``metrics`` as round ``server_round``'s ``part`` (train, evaluate); write the file."""
         if self.first_round is None:
             self.first_round = server_round
             self._keep_earlier_rounds(server_round)
@@ -155,8 +156,21 @@ class RecordingLIPS(LIPS):
         entry[part] = dict(metrics or {})
         entry["seconds"] = round(time.perf_counter() - self.started, 3)
         self.record["summary"] = summarize(self.record["rounds"])
-        if self.results_path:
-            write_json_atomic(self.results_path, self.record)
+        if self.path:
+            write_json_atomic(self.path, self.record)
+
+
+class RecordingLIPS(LIPS):
+    """LIPS that writes the run's JSON results file (:class:`ResultsFile`) after every round."""
+
+    def __init__(self, strategy, *, results_path: str, run_config: dict, eval_every: int,
+                 eval_before_every: int = 1, eval_last: int = 0, **kwargs):
+        super().__init__(strategy, **kwargs)
+        self.results = ResultsFile(results_path, run_config)
+        self.eval_every, self.eval_before_every, self.eval_last = eval_every, eval_before_every, eval_last
+
+    def _save(self, server_round: int, part: str, metrics) -> None:
+        self.results.save(server_round, part, metrics)
 
     def aggregate_train(self, server_round, replies):
         arrays, metrics = super().aggregate_train(server_round, replies)
