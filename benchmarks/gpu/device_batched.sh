@@ -3,9 +3,14 @@
 # here (it fills .whl/, .gpu_head/ and .gpu_data/). No Ray: the batched Grid runs in-process.
 #   bench (issue #14: 100 ResNet8 clients, stacked vs auto vs the compute floor, FLOPs, bf16):
 #     run(command="bash benchmarks/gpu/device_batched.sh bench", carry=[".gpu_data", ".gpu_head"], timeout_s=560)
-#   study (issue #15, regime b: PROTOCOL.md, resumable; finished runs come back in $OUT/prereg-gpu.tar.gz,
-#   unpack them into docs/results/prereg/ here and call again to continue):
-#     run(command="bash benchmarks/gpu/device_batched.sh study", carry=[".gpu_data", ".gpu_head"], timeout_s=590)
+#   study (issue #15, regime b: PROTOCOL.md, resumable; the runs come back in $OUT/prereg-gpu.tar.gz,
+#   the finished ones and the others' partial results and state (hidden, git-ignored). Unpack it into
+#   docs/results/prereg/ here and call again, carrying that folder, to continue where the runs stopped):
+#     run(command="bash benchmarks/gpu/device_batched.sh study", timeout_s=590,
+#         carry=[".gpu_data", ".gpu_head", "docs/results/prereg/prereg-fmnist-gpu-dir0.1"])
+#   (a stopped run's state is its checkpoint and 100 clients' FedBN state, ~3 MB for FashionCNN; a call
+#   carries 64 MiB at most: check `du -shc` of the three paths first, and lower STUDY_JOBS, which bounds
+#   the runs left stopped, if they do not fit)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -16,7 +21,7 @@ case "${1:-bench}" in
     timeout -k 15 "${BENCH_TIMEOUT:-500}" python3 benchmarks/bench_engines.py --gpu --json "$OUT/engines.json"
     rc=$? ;;
   study)
-    # Stops itself before the call's limit; a stopped run leaves nothing and is redone next call.
+    # Stops itself before the call's limit; a stopped run continues from its last round next call.
     # One run per core: a run's time is mostly its 100 ClientApp calls a round on the CPU
     # (~11 ms each on the development machine), the GPU trains the stacked clients.
     timeout -k 15 "${STUDY_TIMEOUT:-520}" python3 examples/paper/prereg.py run --regime gpu \

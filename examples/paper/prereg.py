@@ -5,8 +5,9 @@
     python examples/paper/prereg.py run --regime gpu --jobs 16    # on one GPU machine (regime b: one run per core)
 
 Every run writes ``<out>/<conf>/<method>-seed<k>.json`` only when it has
-finished (a stopped run leaves nothing; it starts again from round 1 on the
-next ``run``). Runs go seed by seed, so that a study stopped early still has
+finished; a stopped run leaves a hidden partial file and state folder beside
+it and continues from its last round on the next ``run`` (:func:`run_task`).
+Runs go seed by seed, so that a study stopped early still has
 every method on the same seeds. ``report`` uses every finished file and says
 how many seeds each comparison has.
 """
@@ -18,6 +19,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -52,14 +54,23 @@ def load_conf(name: str) -> tuple[dict, int]:
 
 
 def run_task(conf: dict, nodes: int, method: str, seed: int, results: str, engine: str) -> str:
-    """One run into ``results``, through a partial file: a stopped run leaves nothing behind."""
+    """One run into ``results``, resumable: a stopped run continues from its last round next time.
+
+    Until it has finished, the run writes its results to a hidden partial
+    file and keeps a LIPS checkpoint and its clients' FedBN state in a hidden
+    state folder beside it (``.<method>-seed<k>.state/``); a later call finds
+    them and continues after the last checkpointed round, with the same
+    numbers as a run never stopped. Only a finished run appears as
+    ``results``; its state folder is then removed.
+    """
     path = Path(results)
     partial = path.with_name(f".{path.name}.partial")
-    try:
-        run_one_batched(conf, nodes, method, seed, partial, engine, name=path.parent.name)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    state = path.with_name(f".{path.stem}.state")
+    resumable = {**conf, "checkpoint-path": str(state / "checkpoint.npz"), "resume": "auto",
+                 "lips-state-dir": str(state / "clients")}
+    run_one_batched(resumable, nodes, method, seed, partial, engine, name=path.parent.name)
+    os.replace(partial, path)
+    shutil.rmtree(state, ignore_errors=True)
     return results
 
 

@@ -131,3 +131,65 @@ def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
         assert a[r]["train"]["lips-mask-round"] == b[r]["train"]["lips-mask-round"]
         assert abs(a[r]["evaluate"]["acc-after"] - b[r]["evaluate"]["acc-after"]) <= 0.005, r
         assert abs(a[r]["train"]["acc-before"] - b[r]["train"]["acc-before"]) <= 0.005, r
+
+
+def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers(tmp_path):
+    """prereg.py's runs are resumable: killed after round 3 of 6, the next call continues it.
+
+    The run's checkpoint and its clients' FedBN state live in a hidden folder
+    beside the partial results; the continued run keeps the recorded rounds
+    (the results file's bookkeeping is not strategy state that a resume
+    restores) and gives the numbers of a run never stopped.
+    """
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    values = {"dataset": "digits", "model": "digits-cnn", "num-server-rounds": 6, "every": 2, "tau0": 0.5,
+              "samples-per-client": 60, "test-samples": 80, "alpha": 0.5, "local-epochs": 1,
+              "batch-size": 30, "lr": 0.05, "device": "cpu", "eval-last": 2, "eval-before-every": 2}
+    code = ("import sys; sys.path.insert(0, {app!r}); import prereg; "
+            "prereg.run_task({values!r}, 3, 'lips', 1000, {out!r}, 'sequential')")
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+
+    def run(out: Path) -> subprocess.Popen:
+        command = code.format(app=str(APP), values=values, out=str(out))
+        return subprocess.Popen([sys.executable, "-c", command], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    plain, stopped = tmp_path / "plain" / "lips-seed1000.json", tmp_path / "stopped" / "lips-seed1000.json"
+    for out in (plain, stopped):
+        out.parent.mkdir()
+    first = run(plain)
+    assert first.wait(timeout=RUN_TIMEOUT_S) == 0, first.stderr.read()[-4000:]
+
+    partial = stopped.with_name(".lips-seed1000.json.partial")
+    state = stopped.with_name(".lips-seed1000.state")
+    proc, deadline = run(stopped), time.monotonic() + RUN_TIMEOUT_S
+    while True:  # stop it for good once round 3 is recorded (a checkpoint of round 2 or 3 exists)
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before round 3"
+        try:
+            if "3" in json.loads(partial.read_text())["rounds"]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not stopped.exists()  # not finished: nothing under the results' name
+    done = load_checkpoint(state / "checkpoint.npz").round
+    assert 2 <= done < 6 and any((state / "clients").iterdir())
+
+    again = run(stopped)
+    assert again.wait(timeout=RUN_TIMEOUT_S) == 0, again.stderr.read()[-4000:]
+    assert sorted(p.name for p in stopped.parent.iterdir()) == ["lips-seed1000.json"]  # state removed
+
+    def numbers(path: Path) -> dict:
+        timing = {"lips-seconds", "lips-checkpoint-seconds"}
+        return {r: {part: {k: v for k, v in m.items() if k not in timing} for part, m in e.items()
+                    if part != "seconds"} for r, e in json.loads(path.read_text())["rounds"].items()}
+
+    a, b = numbers(plain), numbers(stopped)
+    assert sorted(a, key=int) == sorted(b, key=int) == ["1", "2", "3", "4", "5", "6"]
+    assert a == b
