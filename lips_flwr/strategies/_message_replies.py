@@ -270,7 +270,8 @@ def cast_replies(
         record = records(msg, ArrayRecord)[0][1]
         for name in odd:
             data = read_npy(record[name].data)
-            record[name] = Array(np.ascontiguousarray(data.astype(chosen[name])))
+            # astype(order="C"), not ascontiguousarray: that makes a 0-d buffer 1-d
+            record[name] = Array(data.astype(chosen[name], order="C"))
         cast.add(id(msg))
     return cast, chosen
 

@@ -200,8 +200,9 @@ class _LegacyLIPSMixin(LIPSAdapter):
         for (_, res), found in zip(results, dtypes):
             for i, (name, dtype) in enumerate(found.items()):
                 if dtype != chosen[name]:
-                    data = read_npy(res.parameters.tensors[i]).astype(chosen[name])
-                    res.parameters.tensors[i] = ndarray_to_bytes(np.ascontiguousarray(data))
+                    # astype(order="C"), not ascontiguousarray: that makes a 0-d buffer 1-d
+                    data = read_npy(res.parameters.tensors[i]).astype(chosen[name], order="C")
+                    res.parameters.tensors[i] = ndarray_to_bytes(data)
         return chosen
 
     def configure_evaluate(

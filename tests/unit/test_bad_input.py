@@ -409,6 +409,32 @@ def test_other_real_dtypes_in_a_reply_are_accepted(api, caplog):
     np.testing.assert_allclose(new["fc.bias"], expected["fc.bias"], rtol=1e-5, atol=1e-7)
 
 
+@api_param
+def test_a_zero_dimensional_buffer_cast_to_the_others_dtype_keeps_its_shape(api, caplog):
+    """One reply's ``num_batches_tracked`` (0-d) in float64 among int64 ones: cast, still 0-d.
+
+    Before: the cast went through ``np.ascontiguousarray``, which makes a 0-d
+    array 1-d: the Message API's aggregate got shape (1,) (and the next round
+    rejected every reply), the legacy FedAvg raised on broadcasting.
+    """
+    api = api()
+    name = "bn1.num_batches_tracked"
+
+    def float_buffer(model):
+        return {**model, name: np.asarray(model[name], dtype=np.float64)}
+
+    with caplog.at_level(logging.WARNING):
+        good, new, _ = round_with_one_bad_reply(api, float_buffer)
+    assert "LIPS: ignoring" not in caplog.text
+    assert new is not None and new[name].shape == () == tiny_model()[name].shape
+    api.configure(3, new)  # the next round takes every reply
+    trained = client_models(new, 2, seed=3)
+    replies = [api.reply(m, n, node=i + 1) for i, (m, n) in enumerate(zip(trained, GOOD_EXAMPLES))]
+    again, _ = api.aggregate(3, replies)
+    assert again is not None and again[name].shape == ()
+    assert "LIPS: ignoring" not in caplog.text
+
+
 # --------------------------------------------------------------------------- empty / failed rounds
 @api_param
 def test_empty_round_returns_no_model_and_the_next_round_works(api, caplog):
