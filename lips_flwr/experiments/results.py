@@ -47,7 +47,7 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
             os.fchmod(f.fileno(), mode)
 
     write_atomic(path, write)
-    remove_stale_temporaries(path)
+    remove_stale_temporaries(path, pid_only=True)
 
 
 __all__ = ["write_json_atomic"]

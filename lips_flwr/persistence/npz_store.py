@@ -67,14 +67,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(path: str | os.PathLike) -> None:
+def remove_stale_temporaries(path: str | os.PathLike, *, pid_only: bool = False) -> None:
     """Remove the temporary files beside ``path`` that no running writer will finish.
 
     ``.<name>.<pid>.<random>`` goes when process ``pid`` is gone (or is this
     one: after a restart it may have the dead writer's pid, and it writes one
     file at a time); a file of a live process is another writer's, mid-write,
-    and stays. ``.<name>.<random>`` (no pid: written before pids were in the
-    names) goes.
+    and stays. ``.<name>.<random>`` (no pid: checkpoint temporaries written
+    before pids were in the names) goes too, unless ``pid_only``: beside a
+    results file that form may be someone's own file (``.<name>.partial``).
     """
     target = Path(path)
     for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):
@@ -82,7 +83,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> None:
         match = _TEMPORARY.fullmatch(rest)
         if match is not None and _alive(int(match.group(1))):
             continue
-        if match is None and "." in rest:
+        if match is None and ("." in rest or pid_only):
             continue  # another file's temporary (``.<name>.history.jsonl.<pid>.<random>``)
         stale.unlink(missing_ok=True)
 

@@ -71,9 +71,10 @@ def test_a_results_write_removes_what_a_killed_writer_left(tmp_path):
                           text=True, check=True).stdout.strip()
     left = tmp_path / f".results.json.{dead}.k3j9x_"
     live = tmp_path / f".results.json.{os.getppid()}.a8b2c_"  # a running writer's: it stays
-    left.write_text("{"), live.write_text("{")
+    own = tmp_path / ".results.json.partial"  # not a temporary: a file of that name (prereg.py's form)
+    left.write_text("{"), live.write_text("{"), own.write_text("{")
     write_json_atomic(path, {"x": 1})
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "results.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, own.name, "results.json"])
 
 
 def test_weight_decay_only_on_named_parameters():
