@@ -61,14 +61,41 @@ def run_task(conf: dict, nodes: int, method: str, seed: int, results: str, engin
     state folder beside it (``.<method>-seed<k>.state/``); a later call finds
     them and continues after the last checkpointed round, with the same
     numbers as a run never stopped. Only a finished run appears as
-    ``results``; its state folder is then removed.
+    ``results``; its state folder is then removed. A run that *fails* (an
+    error, not a stop) leaves nothing, so that the next call starts it
+    again; so does a stopped run whose settings (the run config but the data
+    path, the node count, the engine, CUDA or not) differ from this call's.
     """
     path = Path(results)
+    if path.exists():  # finished by another `run` meanwhile
+        return results
     partial = path.with_name(f".{path.name}.partial")
     state = path.with_name(f".{path.stem}.state")
+    import torch
+
+    settings = {"conf": {k: v for k, v in conf.items() if k != "dataset-path"}, "nodes": nodes,
+                "method": method, "seed": seed, "engine": engine, "cuda": torch.cuda.is_available()}
+    saved = state / "settings.json"
+    try:
+        same = json.loads(saved.read_text()) == json.loads(json.dumps(settings))
+    except (OSError, ValueError):
+        same = False
+    if not same:  # nothing to continue: start from round 1
+        if state.exists():
+            print(f"[{path.parent.name} {method} seed {seed}] its stopped run had other settings: "
+                  "starting again from round 1", flush=True)
+        shutil.rmtree(state, ignore_errors=True)
+        partial.unlink(missing_ok=True)
+        state.mkdir(parents=True)
+        saved.write_text(json.dumps(settings, indent=1, sort_keys=True))
     resumable = {**conf, "checkpoint-path": str(state / "checkpoint.npz"), "resume": "auto",
                  "lips-state-dir": str(state / "clients")}
-    run_one_batched(resumable, nodes, method, seed, partial, engine, name=path.parent.name)
+    try:
+        run_one_batched(resumable, nodes, method, seed, partial, engine, name=path.parent.name)
+    except (Exception, SystemExit):  # failed, not stopped (a stop is a signal or KeyboardInterrupt)
+        shutil.rmtree(state, ignore_errors=True)
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
     shutil.rmtree(state, ignore_errors=True)
     return results
@@ -89,6 +116,8 @@ def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], 
                 results = folder / f"{method}-seed{seed}.json"
                 if not results.exists():
                     tasks.append((conf, nodes, method, seed, str(results), engine))
+                else:  # a run stopped between finishing and removing its state
+                    shutil.rmtree(folder / f".{results.stem}.state", ignore_errors=True)
     print(f"{len(tasks)} runs to do ({regime}, {jobs} at a time)", flush=True)
     if jobs <= 1:
         for task in tasks:

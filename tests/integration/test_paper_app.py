@@ -134,7 +134,7 @@ def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
 
 
 def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers(tmp_path):
-    """prereg.py's runs are resumable: killed after round 3 of 6, the next call continues it.
+    """prereg.py's runs are resumable: killed after round 3 of 10, the next call continues it.
 
     The run's checkpoint and its clients' FedBN state live in a hidden folder
     beside the partial results; the continued run keeps the recorded rounds
@@ -146,7 +146,7 @@ def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers
     import sys
     import time
 
-    values = {"dataset": "digits", "model": "digits-cnn", "num-server-rounds": 6, "every": 2, "tau0": 0.5,
+    values = {"dataset": "digits", "model": "digits-cnn", "num-server-rounds": 10, "every": 2, "tau0": 0.5,
               "samples-per-client": 60, "test-samples": 80, "alpha": 0.5, "local-epochs": 1,
               "batch-size": 30, "lr": 0.05, "device": "cpu", "eval-last": 2, "eval-before-every": 2}
     code = ("import sys; sys.path.insert(0, {app!r}); import prereg; "
@@ -179,7 +179,7 @@ def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers
     proc.wait()
     assert not stopped.exists()  # not finished: nothing under the results' name
     done = load_checkpoint(state / "checkpoint.npz").round
-    assert 2 <= done < 6 and any((state / "clients").iterdir())
+    assert 2 <= done < 10 and any((state / "clients").iterdir())
 
     again = run(stopped)
     assert again.wait(timeout=RUN_TIMEOUT_S) == 0, again.stderr.read()[-4000:]
@@ -191,5 +191,5 @@ def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers
                     if part != "seconds"} for r, e in json.loads(path.read_text())["rounds"].items()}
 
     a, b = numbers(plain), numbers(stopped)
-    assert sorted(a, key=int) == sorted(b, key=int) == ["1", "2", "3", "4", "5", "6"]
+    assert sorted(a, key=int) == sorted(b, key=int) == [str(r) for r in range(1, 11)]
     assert a == b
