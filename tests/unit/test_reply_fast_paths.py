@@ -109,6 +109,22 @@ def test_all_same_decides_as_the_per_name_loop(case):
 
 
 @pytest.mark.parametrize("case", list(_spoiled(_model_bytes())))
+def test_replied_headers_decide_as_the_per_name_loop_against_what_was_replied(case):
+    """The second fast path (last round's reply headers) accepts exactly what matches those headers."""
+    replied = _model_bytes()  # what the clients sent: the tiny model's own dtypes
+    buffers = [n for n in replied if n.endswith("num_batches_tracked")]
+    global_model = {n: npy(np.asarray(read_npy(d), np.float64)) if n in buffers else d  # FedAvg's
+                    for n, d in replied.items()}
+    headers = ModelHeaders(global_model, {n: replied[n] for n in buffers})
+    tensors = _spoiled(replied)[case]
+    if tuple(tensors) != headers.names:
+        return  # the adapters call it on arrays in the model's order only
+    found = headers.dtypes_in_order(list(tensors.values()))
+    assert (found is headers.replied_dtype) == plain_all_same(replied, tensors)
+    assert found is not headers.dtype  # none of them is like FedAvg's float64 buffers
+
+
+@pytest.mark.parametrize("case", list(_spoiled(_model_bytes())))
 def test_read_in_order_views_the_arrays_as_read_npy_does(case):
     model = _model_bytes()
     tensors = _spoiled(model)[case]
