@@ -150,6 +150,13 @@ def load_folder(folder: Path) -> dict[str, dict[int, dict]]:
     return runs
 
 
+def _mean_sd(values: list[float]) -> str:
+    """``mean +- SD`` (ddof = 1) of per-seed endpoints; one seed's value as it is; ``-`` for none."""
+    if len(values) > 1:
+        return f"{np.mean(values):.4f} +- {np.std(values, ddof=1):.4f}"
+    return f"{values[0]:.4f} (one seed)" if values else "-"
+
+
 def compare(runs: dict, a: str, b: str, part: str = "evaluate", key: str = "acc-after") -> dict | None:
     pairs = [(s, endpoint(runs[a][s], part, key), endpoint(runs[b][s], part, key))
              for s in sorted(set(runs.get(a, {})) & set(runs.get(b, {})))]
@@ -226,8 +233,7 @@ def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]
     for method, by_seed in sorted(runs.items()):
         after = [e for e in (endpoint(d) for d in by_seed.values()) if e is not None]
         before = [e for e in (endpoint(d, "train", "acc-before") for d in by_seed.values()) if e is not None]
-        fmt = lambda v: f"{np.mean(v):.4f} +- {np.std(v, ddof=1):.4f}" if len(v) > 1 else "-"  # noqa: E731
-        lines.append(f"| {method} | {len(by_seed)} | {fmt(after)} | {fmt(before)} |")
+        lines.append(f"| {method} | {len(by_seed)} | {_mean_sd(after)} | {_mean_sd(before)} |")
     summary: dict = {"hypotheses": {}, "secondary": {}}
     tests = {h: compare(runs, a, b) for h, (a, b) in family.items()}
     tests = {h: t for h, t in tests.items() if t is not None}

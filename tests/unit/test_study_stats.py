@@ -6,6 +6,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 scipy = pytest.importorskip("scipy")
@@ -141,3 +142,9 @@ def test_the_dir1_regime_is_reported_as_exploratory_without_a_verdict(tmp_path, 
     assert "| hypothesis |" not in text and "supported" not in text  # PROTOCOL.md: secondary, uncorrected
     assert "| lips - fedbn | acc-after | 4 | +2.0" in text and "| lips - fedbn | acc-before | 4 |" in text
     assert (tmp_path / "prereg-fmnist-dir1.0" / "differences.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_method_table_gives_mean_and_sd_and_one_seed_as_it_is():
+    assert prereg._mean_sd([0.9, 0.92]) == f"0.9100 +- {np.std([0.9, 0.92], ddof=1):.4f}"
+    assert prereg._mean_sd([0.93]) == "0.9300 (one seed)"
+    assert prereg._mean_sd([]) == "-"
