@@ -24,10 +24,10 @@ from .._npy import read_npy
 from ._reply_checks import (
     MISSING,
     ModelHeaders,
-    common_dtypes,
     culprit_among,
     fast_reply_problem,
     num_examples_problem,
+    round_dtypes,
     serialization_problem,
 )
 
@@ -257,11 +257,9 @@ def cast_replies(
     or integer reply listed first would otherwise narrow the whole aggregate
     (see :func:`._reply_checks.common_dtypes`). On a good round nothing is cast.
     """
-    if not dtypes:
-        return set(), previous
-    if all(found is dtypes[0] for found in dtypes):  # one shared map (headers as expected)
-        return set(), dtypes[0]
-    chosen = common_dtypes(dtypes, previous)
+    chosen, mixed = round_dtypes(dtypes, previous)
+    if not mixed:
+        return set(), chosen
     cast = set()
     for msg, found in zip(replies, dtypes):
         odd = [name for name, dtype in found.items() if dtype != chosen[name]]

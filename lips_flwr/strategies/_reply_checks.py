@@ -116,6 +116,23 @@ def reply_problem(
     return None
 
 
+def round_dtypes(
+    dtypes: Sequence[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
+) -> tuple[Mapping[str, np.dtype], bool]:
+    """The dtypes a round's replies are aggregated in, and whether any reply must be cast to them.
+
+    ``dtypes`` holds each kept reply's ``name -> dtype``. No reply: the global
+    model's (``previous``), nothing to cast. Replies whose headers were all
+    known share one map (the checks' fast path): that map, nothing to cast,
+    nothing counted. Otherwise :func:`common_dtypes`.
+    """
+    if not dtypes:
+        return previous, False
+    if all(found is dtypes[0] for found in dtypes):
+        return dtypes[0], False
+    return common_dtypes(dtypes, previous), True
+
+
 def common_dtypes(
     dtypes: Sequence[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
 ) -> dict[str, np.dtype]:

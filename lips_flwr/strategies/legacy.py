@@ -33,10 +33,10 @@ from ..persistence.checkpoint import Checkpoint
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._reply_checks import (
     ModelHeaders,
-    common_dtypes,
     culprit_among,
     fast_reply_problem,
     num_examples_problem,
+    round_dtypes,
 )
 from ._wrappers import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
 
@@ -190,13 +190,11 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def _cast_results(
         self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
     ) -> Mapping[str, np.dtype]:
-        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.common_dtypes`);
+        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.round_dtypes`);
         the dtypes chosen."""
-        if not dtypes:
-            return previous
-        if all(found is dtypes[0] for found in dtypes):  # one shared map (headers as expected)
-            return dtypes[0]
-        chosen = common_dtypes(dtypes, previous)
+        chosen, mixed = round_dtypes(dtypes, previous)
+        if not mixed:
+            return chosen
         for (_, res), found in zip(results, dtypes):
             for i, (name, dtype) in enumerate(found.items()):
                 if dtype != chosen[name]:
