@@ -183,7 +183,10 @@ class BatchedGrid(Grid):
 
     def _deliver(self) -> None:
         """Answer every pushed message (one round's worth, usually) with the chosen engine."""
-        pending, self._pending = list(self._pending.values()), {}
+        # By node: a strategy samples its nodes in a random order (Flower's FedAvg does, unseeded),
+        # and the stacked engine's numbers depend on the clients' order in a stack.
+        pending = sorted(self._pending.values(), key=lambda msg: msg.metadata.dst_node_id)
+        self._pending = {}
         if not pending:
             return
         start = time.perf_counter()

@@ -43,6 +43,7 @@ class _Call:
     result: Any = None
     error: BaseException | None = None
     done: bool = False
+    index: int = 0  # the client's place in the round (its thread's), the order calls run in
 
     def key(self) -> tuple:
         """Calls with equal keys can be stacked: same work, architecture, data shape and device."""
@@ -74,6 +75,7 @@ class Rendezvous:
         self._cond = threading.Condition()
         self._calls: list[_Call] = []
         self._running = 0  # client threads neither waiting in a call nor finished
+        self._thread = threading.local()  # .index: the client a thread runs
         self.stacked = 0  # calls run stacked with others
         self.one_by_one = 0  # calls run alone (a group of one, or after a stacked chunk failed)
 
@@ -85,6 +87,7 @@ class Rendezvous:
         return self._wait(_Call("evaluate", net, x, y))
 
     def _wait(self, call: _Call) -> Any:
+        call.index = getattr(self._thread, "index", 0)
         with self._cond:
             self._calls.append(call)
             self._running -= 1
@@ -105,6 +108,7 @@ class Rendezvous:
         errors: list[BaseException] = []
 
         def client_thread(i: int) -> None:
+            self._thread.index = i
             try:
                 results[i] = clients[i]()
             except BaseException as err:  # noqa: BLE001 - re-raised by the leader
@@ -125,6 +129,10 @@ class Rendezvous:
                 calls, self._calls = self._calls, []
             if not calls:
                 break  # every client thread has finished
+            # In the clients' order, not the order their threads arrived in: which net is the
+            # template, whose seed seeds the global RNG, each client's dropout draws (by its place
+            # in the stack) and the chunks all follow it, so a run gives the same numbers every time.
+            calls.sort(key=lambda call: call.index)
             self._execute(calls)
             with self._cond:
                 for call in calls:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,42 @@ def test_every_node_gets_its_own_copy_and_context_and_a_raising_client_an_error_
     assert "partition 2 has no data" in grid.first_error
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_rounds_clients_run_in_node_order_whatever_order_the_strategy_sent_them_in(monkeypatch):
+    # Flower's FedAvg samples its nodes in a random order; the stacked engine's numbers
+    # depend on the clients' order in a stack, so the grid runs them by node.
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(2, np.float32))}), "config": ConfigRecord({})})
+    calls: list[int] = []
+    grid = BatchedGrid(echo_app(calls), num_nodes=5, run_config={}, engine="sequential")
+    nodes = sorted(grid.get_node_ids())
+    shuffled = [nodes[i] for i in (3, 0, 4, 1)]
+    replies = list(grid.send_and_receive([Message(content, n, "train") for n in shuffled]))
+    assert sorted(r.metadata.src_node_id for r in replies) == sorted(shuffled)
+    assert calls == [0, 1, 3, 4]
+
+    stacks: list[list[int]] = []
+
+    def fake_together(chunk, autocast=None):
+        stacks.append([int(call.kwargs["seed"]) for call in chunk])
+        for call in chunk:
+            call.result = 0.0
+
+    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        time.sleep(0.02 * (5 - pid))  # the first nodes' threads arrive last
+        loss = local_compute().train(torch.nn.Linear(1, 1), torch.zeros(2, 1), torch.zeros(2), seed=pid)
+        return Message(RecordDict({"metrics": MetricRecord({"loss": loss})}), reply_to=msg)
+
+    grid = BatchedGrid(app, num_nodes=5, run_config={}, engine="stacked")
+    replies = list(grid.send_and_receive([Message(content, n, "train") for n in shuffled]))
+    assert len(replies) == 4 and not any(r.has_error() for r in replies)
+    assert stacks == [[0, 1, 3, 4]]
+
+
 def test_bad_arguments_name_the_problem():
     for kwargs, word in (({"num_nodes": 0}, "num_nodes"), ({"num_nodes": 2, "engine": "gpu"}, "engine"),
                          ({"num_nodes": 2, "chunk_size": 0}, "chunk_size")):
@@ -109,6 +146,30 @@ def test_rendezvous_gathers_every_call_of_a_phase_and_halves_a_chunk_on_out_of_m
 def _with(engine, fn):
     with computing_with(engine):
         return fn()
+
+
+def test_gathered_calls_run_in_the_clients_order_whatever_order_their_threads_arrive_in(monkeypatch):
+    # The template net, the global RNG's seed and each client's dropout draws follow the order
+    # of a stacked chunk: the order threads happen to arrive in made dropout runs differ.
+    chunks: list[list[int]] = []
+
+    def fake_together(chunk, autocast=None):
+        chunks.append([int(call.kwargs["seed"]) for call in chunk])
+        for call in chunk:
+            call.result = 0.0
+
+    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    net = torch.nn.Linear(1, 1)
+
+    def client(rendezvous, i, n):
+        def run():
+            time.sleep(0.02 * (n - i))  # the last client arrives first
+            return local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)
+        return lambda: _with(rendezvous, run)
+
+    rendezvous = Rendezvous(chunk_size=2)
+    assert rendezvous.run([client(rendezvous, i, 5) for i in range(5)]) == [0.0] * 5
+    assert chunks == [[0, 1], [2, 3], [4]]
 
 
 def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
