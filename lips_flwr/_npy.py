@@ -1,10 +1,11 @@
-"""Zero-copy reading of Flower's numpy wire format (no flwr import).
+"""Flower's numpy wire format, read without copies and written without ``np.save`` (no flwr import).
 
 Both Flower APIs serialize each array with ``np.save``: the ``data`` of a
 Message API ``Array``, an entry of legacy ``Parameters.tensors``.
 :func:`read_npy` parses the ``.npy`` header (once per distinct header) and
 returns a read-only view of the bytes, so that reading a reply or the global
-model copies no array data.
+model copies no array data. :func:`npy_bytes` writes the bytes ``np.save``
+writes, its header made once per dtype and shape.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ NUMPY_SERIALIZATION = "numpy.ndarray"  # Flower's Array.stype for np.save bytes
 
 _NPY_V1, _NPY_V2 = b"\x93NUMPY\x01\x00", b"\x93NUMPY\x02\x00"
 _MAX_CACHED_HEADER = 4096  # np.save writes 64-byte aligned headers of ~128 bytes
+_MAX_WRITE_HEADERS = 4096  # distinct (dtype, shape) pairs whose headers npy_bytes keeps
+_write_headers: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
 
 
 def _header_prefix(data: bytes) -> bytes | None:
@@ -97,6 +100,39 @@ def npy_header(data: bytes) -> tuple[bytes, tuple[int, ...], np.dtype, int] | No
     if fortran or dtype.hasobject:
         return None
     return prefix, shape, dtype, offset + math.prod(shape) * dtype.itemsize
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The bytes ``np.save(f, array, allow_pickle=False)`` writes, for a C-contiguous ``array``.
+
+    A model's arrays have a few dtypes and shapes, and ``np.save`` builds and
+    formats the same header for every one of them (most of a small array's
+    serialization time), writes the data in chunks and a ``BytesIO`` copies it
+    out again. Here the header of the first array of a dtype and shape is cut
+    from ``np.save``'s own output and kept; a later array is that header
+    joined to the array's bytes in one allocation, which is what ``np.save``
+    writes after the header for a C-contiguous array. Any other array
+    (Fortran order or strided, object or structured dtypes, dtypes with
+    metadata) goes through ``np.save`` every time, with its errors.
+    """
+    dtype = array.dtype
+    if not array.flags.c_contiguous or dtype.hasobject or dtype.fields is not None or dtype.metadata:
+        return _saved(array)
+    key = (dtype, array.shape)
+    head = _write_headers.get(key)
+    if head is None:
+        data = _saved(array)
+        if len(_write_headers) >= _MAX_WRITE_HEADERS:  # a stream of ever new shapes: start over
+            _write_headers.clear()
+        _write_headers[key] = data[: len(data) - array.nbytes]
+        return data
+    return b"".join((head, array.reshape(-1).view(np.uint8).data))
+
+
+def _saved(array: np.ndarray) -> bytes:
+    buffer = BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
 
 
 def npy_shape(data: bytes) -> tuple[int, ...]:

@@ -380,24 +380,56 @@ def test_legacy_fast_path_results_keep_the_fedavg_aggregate():
 @pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4), (2, 0, 3), (4, 1, 3, 3)])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 def test_a_masked_layer_is_serialized_as_flower_serializes_it(dtype, shape, layout):
-    from lips_flwr.strategies.message import _to_array
+    from lips_flwr._records import array_of
 
     array = (np.arange(int(np.prod(shape)) * 2) % 7).astype(dtype)[: int(np.prod(shape))].reshape(shape)
     if layout == "F":
         array = np.asfortranarray(array)
     elif layout == "strided" and array.ndim:
         array = np.repeat(array, 2, axis=-1)[..., ::2]
-    got, want = _to_array(array), Array(np.asarray(array, order="C"))
-    assert (got.data, got.dtype, got.shape, got.stype) == (want.data, want.dtype, want.shape, want.stype)
-    np.testing.assert_array_equal(got.numpy(), array)
+    want = Array(np.asarray(array, order="C"))
+    for _ in range(2):  # the first array of a dtype and shape, then one with its kept header
+        got = array_of(array)
+        assert (got.data, got.dtype, got.shape, got.stype) == (want.data, want.dtype, want.shape, want.stype)
+        np.testing.assert_array_equal(got.numpy(), array)
+        array = array.copy(order="K")
 
 
-def test_a_masked_layer_whose_header_format_1_0_refuses_falls_back_to_flower(monkeypatch):
-    from lips_flwr.strategies.message import _to_array
+def test_a_structured_array_whose_header_np_save_may_write_in_another_format_is_serialized_by_np_save():
+    from lips_flwr._records import array_of
 
-    def refuse(fp, d):
-        raise ValueError("header does not fit format 1.0")
+    array = np.zeros(3, dtype=[(f"field{i}", "<f4") for i in range(40)])
+    for _ in range(2):
+        assert array_of(array).data == Array(array).data
 
-    monkeypatch.setattr(np.lib.format, "write_array_header_1_0", refuse)
-    array = np.arange(12, dtype=np.float32).reshape(3, 4)
-    assert _to_array(array).data == Array(array).data
+
+def test_arrays_of_one_dtype_and_shape_reuse_one_header_but_not_their_data():
+    from lips_flwr import _npy
+    from lips_flwr._records import array_of
+
+    first, second = np.zeros((3, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert array_of(first).data == Array(first).data
+    assert (np.dtype(np.float32), (3, 4)) in _npy._write_headers
+    assert array_of(second).data == Array(second).data
+    assert array_of(second[::-1]).data == Array(np.ascontiguousarray(second[::-1])).data  # strided
+    assert array_of(np.float64(2.5)).shape == () and array_of(np.array(7)).numpy().shape == ()
+
+
+def test_the_kept_headers_are_bounded(monkeypatch):
+    from lips_flwr import _npy
+
+    monkeypatch.setattr(_npy, "_MAX_WRITE_HEADERS", 5)
+    monkeypatch.setattr(_npy, "_write_headers", {})
+    for n in range(1, 20):
+        array = np.arange(n, dtype=np.int32)
+        assert _npy.npy_bytes(array) == Array(array).data
+        assert len(_npy._write_headers) <= 5
+
+
+def test_an_object_array_is_refused_as_flower_refuses_it():
+    from lips_flwr._records import array_of
+
+    with pytest.raises(ValueError):
+        Array(np.array([object()], dtype=object))
+    with pytest.raises(ValueError):
+        array_of(np.array([object()], dtype=object))
