@@ -199,3 +199,46 @@ def test_dropout_control_trains_the_same_whatever_ran_before(task_identity):  # 
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(False)
+
+
+def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_hooks(task_identity):  # noqa: F811
+    """The ClientApp borrows spare models: a reused one must give the numbers a fresh one gives."""
+    import tomllib
+
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    threads = torch.get_num_threads()
+    try:
+        client_app = paper_module("client_app")
+        from lips_flwr.experiments.models import build_model
+
+        defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+        run_config = {**defaults, "algorithm": "fedbn-dropout", "dataset": "digits", "model": "digits-cnn",
+                      "samples-per-client": 40, "test-samples": 20, "local-epochs": 1, "batch-size": 20,
+                      "dropout": 0.5, "device": "cpu"}
+        torch.manual_seed(0)
+        initial = ArrayRecord(build_model("digits-cnn", 10, 1).state_dict())
+
+        def train(pid: int, rnd: int = 1) -> dict:
+            ctx = Context(run_id=1, node_id=5 + pid, node_config={"partition-id": pid}, state=RecordDict(),
+                          run_config=run_config)
+            msg = Message(RecordDict({"arrays": initial, "config": ConfigRecord({"server-round": rnd})}),
+                          dst_node_id=5 + pid, message_type="train")
+            reply = client_app.train(msg, ctx)
+            return {k: v.numpy() for k, v in reply.content["arrays"].items()}
+
+        client_app._spare.clear()
+        fresh = train(1)  # a new model
+        key = ("digits-cnn", 10, 1, "cpu")
+        assert len(client_app._spare[key]) == 1
+        spare = client_app._spare[key][0]
+        assert not any(m._forward_hooks for m in spare.modules())  # the dropout hooks are gone
+        train(0, rnd=3)  # another client trains the spare model
+        reused = train(1)
+        assert client_app._spare[key] == [spare]  # the same model, borrowed again and back
+        for name in fresh:
+            np.testing.assert_array_equal(fresh[name], reused[name])
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(False)
