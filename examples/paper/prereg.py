@@ -43,6 +43,13 @@ PLAN = {
             ("prereg-fmnist-dir0.1", SECONDARY)],
     "gpu": [("prereg-fmnist-gpu-dir0.1", PRIMARY)],
 }
+# Each run's process environment. Regime (b) runs one process per core: numpy's OpenBLAS would
+# start a thread per core in each (16 x 16 on the GPU machine), and on a loaded machine its
+# threaded sums cost more than they save (a ClientApp call ~1.5x slower at 2 runs on 2 cores,
+# benchmarks/README.md section 8); its sums also depend on the thread count, so one thread
+# makes a run's numbers those of any machine's core count. Regime (a) keeps the defaults
+# its committed runs had.
+RUN_ENV = {"cpu": {}, "gpu": {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
 HYPOTHESES = {"H1": ("lips", "fedbn"), "H2": ("lips", "lips-random"), "H3": ("lips-inertia", "fedbn")}
 SECONDARY_PAIRS = [("lips-inertia", "lips"), *((m, "fedbn") for m in SECONDARY)]
 LAST = 10  # the endpoint's rounds
@@ -119,11 +126,13 @@ def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], 
                 else:  # a run stopped between finishing and removing its state
                     shutil.rmtree(folder / f".{results.stem}.state", ignore_errors=True)
     print(f"{len(tasks)} runs to do ({regime}, {jobs} at a time)", flush=True)
-    if jobs <= 1:
+    env = RUN_ENV.get(regime, {})
+    os.environ.update(env)  # read by each worker process's numpy at its import
+    if jobs <= 1 and not env:  # (in this process numpy is already loaded)
         for task in tasks:
             run_task(*task)
         return
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max(jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
         for done in concurrent.futures.as_completed([pool.submit(run_task, *t) for t in tasks]):
             print(f"finished {done.result()}", flush=True)
 

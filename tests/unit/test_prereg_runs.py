@@ -7,6 +7,7 @@ tests/integration/test_paper_app.py::test_a_stopped_study_run_continues_from_its
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -97,3 +98,31 @@ def test_a_state_folder_left_beside_finished_results_is_removed(tmp_path, monkey
     (folder / "lips-seed1000.json").write_text("{}")
     prereg.run("test", tmp_path, 1, "sequential", (1000,))
     assert hidden(folder) == ["lips-seed1000.json"]
+
+
+def test_the_gpu_regime_runs_its_runs_in_processes_with_one_blas_thread(tmp_path, monkeypatch):
+    """One run per core: numpy's OpenBLAS must not start a thread per core in each run's process."""
+    assert prereg.RUN_ENV["gpu"]["OPENBLAS_NUM_THREADS"] == "1" and prereg.RUN_ENV["cpu"] == {}
+    monkeypatch.setitem(prereg.PLAN, "test", [("prereg-fmnist-dir0.1", ("lips",))])
+    monkeypatch.setitem(prereg.RUN_ENV, "test", {"LIPS_TEST_RUN_ENV": "1"})
+    monkeypatch.delenv("LIPS_TEST_RUN_ENV", raising=False)
+    seen = []
+
+    class Pool:  # the worker processes see the environment run() set before starting them
+        def __init__(self, jobs, mp_context):
+            seen.append((jobs, os.environ.get("LIPS_TEST_RUN_ENV")))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            future = prereg.concurrent.futures.Future()
+            future.set_result(args[4])
+            return future
+
+    monkeypatch.setattr(prereg.concurrent.futures, "ProcessPoolExecutor", Pool)
+    prereg.run("test", tmp_path, 1, "sequential", (1000,))  # one job, still in a fresh process
+    assert seen == [(1, "1")]
