@@ -1,0 +1,135 @@
+"""The batched Grid's cost per ClientApp call outside the clients' compute, before and after a change.
+
+A GPU sweep on the batched Grid (the pre-registered study's regime (b):
+100 clients x 200 rounds x 24 runs, ~960,000 ClientApp calls) is bound on
+the CPU by what a call costs besides training and evaluating: receiving the
+message, the mods (persistent state, FedBN, LIPS), loading the model, the
+reply's records. This runs the paper app (``conf/prereg-fmnist-gpu-dir0.1.toml``,
+``algorithm=lips``, with the study's checkpoint and client-state folder) at a
+tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
+for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
+are in the working tree, in fresh processes that alternate (``--reps``), and
+splits each run's client time into compute (inside ``local_compute()``, timed
+by a wrapper) and overhead (the rest).
+
+    python benchmarks/bench_client_calls.py --rev 5e6e5f4              # 100 clients x 6 rounds, 3 reps: ~2 min
+    python benchmarks/bench_client_calls.py --rev 5e6e5f4 --reps 5 --rounds 10
+    python benchmarks/bench_client_calls.py --rev HEAD --after-env OPENBLAS_NUM_THREADS=1  # the same code, one BLAS thread
+
+Reported: the medians of overhead per call (ms), compute per call and server
+step per round, and the median of the per-repetition ratios after / before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from io import BytesIO
+from pathlib import Path
+
+from common import ROOT, code_line, load_line, machine_line, median, paired_ratio
+
+
+def child(rounds: int, nodes: int, state: str) -> dict:
+    """One run in this process (the code on ``sys.path``), its client time split."""
+    sys.path.insert(0, str(Path.cwd() / "examples" / "paper"))
+    from batched import run_config
+    from lips_paper.client_app import app as client_app
+    from lips_paper.server_app import app as server_app
+
+    from lips_flwr.experiments import training
+    from lips_flwr.experiments.batched_grid import run_batched
+
+    compute = [0.0]
+
+    class Timed:
+        def train(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return training.SEQUENTIAL.train(*args, **kwargs)
+            finally:
+                compute[0] += time.perf_counter() - start
+
+        def evaluate(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return training.SEQUENTIAL.evaluate(*args, **kwargs)
+            finally:
+                compute[0] += time.perf_counter() - start
+
+    conf = tomllib.loads((Path("examples/paper/conf/prereg-fmnist-gpu-dir0.1.toml")).read_text())
+    conf.pop("federation")
+    conf.update({"algorithm": "lips", "seed": 1000, "results-path": f"{state}/results.json",
+                 "num-server-rounds": rounds, "samples-per-client": 10, "test-samples": 10,
+                 "local-epochs": 1, "lips-state-dir": f"{state}/clients", "checkpoint-path": f"{state}/ck.npz"})
+    with training.computing_with(Timed()):
+        start = time.perf_counter()
+        grid = run_batched(server_app, client_app, run_config=run_config(conf), num_nodes=nodes,
+                           engine="sequential")
+        wall = time.perf_counter() - start
+    import lips_flwr
+
+    calls = 2 * nodes * rounds  # a train and an evaluate call per client and round
+    return {"code": str(Path(lips_flwr.__file__).parents[1]),"overhead_ms": (grid.client_seconds - compute[0]) / calls * 1e3,
+            "compute_ms": compute[0] / calls * 1e3,
+            "server_ms": (wall - grid.client_seconds) / rounds * 1e3}
+
+
+def export(rev: str, into: Path) -> None:
+    """``lips_flwr`` and ``examples/paper`` as they were at ``rev``."""
+    archive = subprocess.run(["git", "archive", rev, "lips_flwr", "examples/paper"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", required=True, help="the 'before' commit")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--after-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="environment of the 'after' runs only (e.g. OPENBLAS_NUM_THREADS=1)")
+    parser.add_argument("--child", nargs=3, metavar=("ROUNDS", "NODES", "STATE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.child[0]), int(args.child[1]), args.child[2])))
+        return
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    after_env = dict(pair.split("=", 1) for pair in args.after_env)
+    print(machine_line(), "|", code_line(), "| before:", args.rev, "| after's environment:", after_env or "-")
+    results: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp) / "before"
+        export(args.rev, before)
+        for rep in range(args.reps):
+            for side in ("before", "after") if rep % 2 == 0 else ("after", "before"):
+                state = Path(tmp) / f"state-{side}-{rep}"
+                tree = before if side == "before" else ROOT
+                out = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--rev", args.rev, "--child",
+                     str(args.rounds), str(args.nodes), str(state)],
+                    cwd=tree, env={**env, "PYTHONPATH": str(tree), **(after_env if side == "after" else {})},
+                    capture_output=True, text=True, check=True)
+                results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                if Path(results[side][-1].pop("code")).resolve() != tree.resolve():
+                    raise SystemExit(f"the {side} run imported another lips_flwr than {tree}")
+                print(f"rep {rep} {side:6s} {results[side][-1]} ({load_line()})", flush=True)
+    print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.reps} reps, medians:")
+    print("| part | before | after | after / before |\n|---|---|---|---|")
+    for key, label in (("overhead_ms", "client overhead per call"), ("compute_ms", "client compute per call"),
+                       ("server_ms", "server step per round")):
+        b, a = [r[key] for r in results["before"]], [r[key] for r in results["after"]]
+        print(f"| {label} | {median(b):.2f} ms | {median(a):.2f} ms | {paired_ratio(a, b):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
