@@ -22,8 +22,9 @@ case "${1:-bench}" in
     rc=$? ;;
   study)
     # Stops itself before the call's limit; a stopped run continues from its last round next call.
-    # One run per core: a run's time is mostly its 100 ClientApp calls a round on the CPU
-    # (~11 ms each on the development machine), the GPU trains the stacked clients.
+    # One run per core (prereg.py gives each one BLAS thread): a run's CPU time is mostly its
+    # 100 ClientApp calls a round (~7.6 ms each outside training on the development machine,
+    # benchmarks/README.md section 8), the GPU trains the stacked clients.
     timeout -k 15 "${STUDY_TIMEOUT:-520}" python3 examples/paper/prereg.py run --regime gpu \
       --jobs "${STUDY_JOBS:-$(nproc)}" \
       --set "dataset-path='$PWD/.gpu_data/fashion-mnist'"
