@@ -1,7 +1,7 @@
 # Entry points, each does its own set-up on a fresh machine:
 #   make main         the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
-#   make test         everything CI runs (.ci/run): lint, the whole suite, the installed
-#                     wheel, the lowest supported versions (~20 min on 2 cores)
+#   make test         everything CI runs (.ci/run): lint, then the whole suite, the installed
+#                     wheel and the lowest supported versions at once (~20 min on 2 cores)
 #   make test-fast    unit tests and one quick `flwr run` (~1-2 min): the inner loop
 #   make lint         ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
 #   make test-wheel   build sdist + wheel, install the wheel in a fresh venv, run the
@@ -45,7 +45,11 @@ lint: setup
 	$(BIN)/ruff check lips_flwr
 	$(BIN)/mypy lips_flwr
 
-test: lint test-suite test-wheel test-lowest
+# The wheel's and the lowest versions' venvs install (and test) while the suite runs: most of
+# the suite's time is Flower's deployment tests waiting on heartbeats, not the CPU. Each
+# target's output is printed whole when it ends.
+test: lint
+	$(MAKE) -j3 --output-sync=target test-suite test-wheel test-lowest
 
 test-suite: setup
 	$(BIN)/python -m pytest -q
