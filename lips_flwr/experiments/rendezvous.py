@@ -193,10 +193,16 @@ def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> No
 
 
 def _run_one_by_one(chunk: list[_Call]) -> None:
+    from lips_flwr.experiments.stacked_training import _seeded_global_rng
+
     for call in chunk:
         try:
             if call.kind == "train":
-                call.result = train_tensors(call.net, call.x, call.y, **call.kwargs)
+                # The global RNG (dropout) seeded with the call's seed, as the client seeded it before
+                # its call: the clients' threads seeded it in turn while they arrived, so it holds
+                # whichever came last.
+                with _seeded_global_rng(int(call.kwargs.get("seed", 0)), call.x.device):
+                    call.result = train_tensors(call.net, call.x, call.y, **call.kwargs)
             else:
                 call.result = evaluate_tensors(call.net, call.x, call.y)
         except Exception as err:  # noqa: BLE001 - raised in the client's own thread

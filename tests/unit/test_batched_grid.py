@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import threading
@@ -170,6 +171,42 @@ def test_gathered_calls_run_in_the_clients_order_whatever_order_their_threads_ar
     rendezvous = Rendezvous(chunk_size=2)
     assert rendezvous.run([client(rendezvous, i, 5) for i in range(5)]) == [0.0] * 5
     assert chunks == [[0, 1], [2, 3], [4]]
+
+
+def test_a_call_run_alone_draws_its_dropout_from_its_own_seed_whichever_thread_seeded_last():
+    # A chunk of one (5 clients in chunks of 2, an out-of-memory remainder, the fallback) trains
+    # on the leader thread: before, it drew from whatever the last client thread had seeded.
+    from lips_flwr.experiments.models import FashionCNN
+    from lips_flwr.experiments.training import add_dropout, train_tensors
+
+    torch.manual_seed(0)
+    start = FashionCNN()
+    data = [(torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))) for _ in range(3)]
+    kwargs = {"epochs": 1, "lr": 0.1, "momentum": 0.9, "batch_size": 4}
+
+    def trained(net_seed_order):
+        rendezvous = Rendezvous(chunk_size=2)
+        nets = [copy.deepcopy(start) for _ in range(3)]
+        for net in nets:
+            add_dropout(net, ["conv2.0.weight"], p=0.5)
+
+        def client(i):
+            def run():
+                time.sleep(0.03 * net_seed_order.index(i))  # the threads seed in this order
+                torch.manual_seed(100 + i)  # as the ClientApp does, on the process-wide generator
+                return local_compute().train(nets[i], *data[i], seed=100 + i, **kwargs)
+            return lambda: _with(rendezvous, run)
+
+        rendezvous.run([client(i) for i in range(3)])
+        return nets[2]
+
+    alone = [trained(order) for order in ([0, 1, 2], [2, 1, 0])]
+    sequential = copy.deepcopy(start)
+    add_dropout(sequential, ["conv2.0.weight"], p=0.5)
+    torch.manual_seed(102)
+    train_tensors(sequential, *data[2], seed=102, **kwargs)
+    for net in alone:  # the same as the sequential engine: the client seeds, then trains
+        assert all(torch.equal(v, sequential.state_dict()[k]) for k, v in net.state_dict().items())
 
 
 def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
