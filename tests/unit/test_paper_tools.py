@@ -234,6 +234,7 @@ def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_h
         assert len(client_app._spare[key]) == 1
         spare = client_app._spare[key][0]
         assert not any(m._forward_hooks for m in spare.modules())  # the dropout hooks are gone
+        assert all(p.grad is None for p in spare.parameters())  # and its gradients
         train(0, rnd=3)  # another client trains the spare model
         reused = train(1)
         assert client_app._spare[key] == [spare]  # the same model, borrowed again and back

@@ -83,7 +83,9 @@ def client_tensors(dataset: str, path: str, pid: int, samples: int, test_samples
     return train, val, (prep(xt), label(yt))
 
 
-_SPARE_MODELS = 16  # models kept for reuse per architecture and device (the stacked engine borrows many at once)
+# Spare models per (architecture, device): never more than were borrowed at once (one in a Ray
+# worker or on the sequential engine, a round's clients on the stacked engine, whose models
+# exist together during its calls anyway).
 _spare: dict[tuple, list[torch.nn.Module]] = {}
 _spare_lock = threading.Lock()
 
@@ -92,8 +94,9 @@ _spare_lock = threading.Lock()
 def borrowed_model(model: str, num_classes: int, channels: int, device: torch.device) -> Iterator[torch.nn.Module]:
     """A model of this architecture on ``device`` for one call, whose whole state the caller overwrites.
 
-    A spare one when there is, else a new one; it goes back to the spares
-    when the block ends without an error (an error leaves it out).
+    A spare one when there is, else a new one; it goes back to the spares,
+    without its gradients, when the block ends without an error (an error
+    leaves it out).
     """
     key = (model, num_classes, channels, str(device))
     with _spare_lock:
@@ -102,9 +105,9 @@ def borrowed_model(model: str, num_classes: int, channels: int, device: torch.de
     if net is None:
         net = build_model(model, num_classes, channels).to(device)
     yield net
+    net.zero_grad(set_to_none=True)  # (memory a spare does not need)
     with _spare_lock:
-        if len(spares) < _SPARE_MODELS:
-            spares.append(net)
+        spares.append(net)
 
 
 @contextlib.contextmanager
@@ -125,14 +128,18 @@ def setup(msg: Message, context: Context):
         yield cfg, pid, net, tensors
 
 
-def seed_torch(seed: int) -> None:
-    """``torch.manual_seed(seed)`` for the generators a client draws from: the CPU's, and CUDA's once started.
+def seed_torch(seed: int, device: torch.device) -> None:
+    """``torch.manual_seed(seed)`` for a client on ``device``: the CPU's generator, and CUDA's once started.
 
     ``torch.manual_seed`` also queues a seed for every device backend not yet
     started (CUDA on a CPU run, XPU, MTIA), formatting a stack trace for each:
     a tenth of a millisecond per call that changes no draw here (the data
-    live on the client's device, so CUDA is started before this runs).
+    live on the client's device, so CUDA is started before this runs). On
+    another device type it is ``torch.manual_seed`` itself.
     """
+    if device.type not in ("cpu", "cuda"):
+        torch.manual_seed(seed)
+        return
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
@@ -174,7 +181,7 @@ def train(msg: Message, context: Context) -> Message:
         try:
             # Dropout draws from torch's global generator, whose state would otherwise be whatever
             # this worker process ran before (another client, another round).
-            seed_torch(seed)
+            seed_torch(seed, train_set[0].device)
             loss = local_compute().train(  # train_tensors, or with other clients at once (batched Grid)
                 net, *train_set, epochs=int(cfg["local-epochs"]), lr=float(cfg["lr"]),
                 momentum=float(cfg["momentum"]), batch_size=int(cfg["batch-size"]),
