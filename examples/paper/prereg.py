@@ -127,14 +127,23 @@ def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], 
                     shutil.rmtree(folder / f".{results.stem}.state", ignore_errors=True)
     print(f"{len(tasks)} runs to do ({regime}, {jobs} at a time)", flush=True)
     env = RUN_ENV.get(regime, {})
-    os.environ.update(env)  # read by each worker process's numpy at its import
     if jobs <= 1 and not env:  # (in this process numpy is already loaded)
         for task in tasks:
             run_task(*task)
         return
-    with concurrent.futures.ProcessPoolExecutor(max(jobs, 1), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for done in concurrent.futures.as_completed([pool.submit(run_task, *t) for t in tasks]):
-            print(f"finished {done.result()}", flush=True)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # read by each worker process's numpy at its import
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max(jobs, 1),
+                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
+            for done in concurrent.futures.as_completed([pool.submit(run_task, *t) for t in tasks]):
+                print(f"finished {done.result()}", flush=True)
+    finally:  # the caller's own environment as it was
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # ----------------------------------------------------------------------------- report

@@ -105,7 +105,7 @@ def test_the_gpu_regime_runs_its_runs_in_processes_with_one_blas_thread(tmp_path
     assert prereg.RUN_ENV["gpu"]["OPENBLAS_NUM_THREADS"] == "1" and prereg.RUN_ENV["cpu"] == {}
     monkeypatch.setitem(prereg.PLAN, "test", [("prereg-fmnist-dir0.1", ("lips",))])
     monkeypatch.setitem(prereg.RUN_ENV, "test", {"LIPS_TEST_RUN_ENV": "1"})
-    monkeypatch.delenv("LIPS_TEST_RUN_ENV", raising=False)
+    monkeypatch.setenv("LIPS_TEST_RUN_ENV", "caller's")
     seen = []
 
     class Pool:  # the worker processes see the environment run() set before starting them
@@ -126,3 +126,4 @@ def test_the_gpu_regime_runs_its_runs_in_processes_with_one_blas_thread(tmp_path
     monkeypatch.setattr(prereg.concurrent.futures, "ProcessPoolExecutor", Pool)
     prereg.run("test", tmp_path, 1, "sequential", (1000,))  # one job, still in a fresh process
     assert seen == [(1, "1")]
+    assert os.environ["LIPS_TEST_RUN_ENV"] == "caller's"  # restored once the workers are done
