@@ -166,24 +166,32 @@ def test_the_global_model_does_not_depend_on_the_replies_order(task_identity):  
                 assert got[name].tobytes() == first[name].tobytes(), (trial, name)
 
 
-def test_dropout_control_trains_the_same_whatever_ran_before(task_identity):  # noqa: F811
-    """The dropout control draws from torch's global generator: the client seeds it per round."""
+def _dropout_client():
+    """The paper ClientApp module, a small fedbn-dropout run config on digits, and an initial model."""
     import tomllib
 
     import torch
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.app import ArrayRecord
+
+    from lips_flwr.experiments.models import build_model
+
+    client_app = paper_module("client_app")
+    defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    run_config = {**defaults, "algorithm": "fedbn-dropout", "dataset": "digits", "model": "digits-cnn",
+                  "samples-per-client": 40, "test-samples": 20, "local-epochs": 1, "batch-size": 20,
+                  "dropout": 0.5, "device": "cpu"}
+    torch.manual_seed(0)
+    return client_app, run_config, ArrayRecord(build_model("digits-cnn", 10, 1).state_dict())
+
+
+def test_dropout_control_trains_the_same_whatever_ran_before(task_identity):  # noqa: F811
+    """The dropout control draws from torch's global generator: the client seeds it per round."""
+    import torch
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     threads = torch.get_num_threads()
     try:
-        client_app = paper_module("client_app")
-        from lips_flwr.experiments.models import build_model
-
-        defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-        run_config = {**defaults, "algorithm": "fedbn-dropout", "dataset": "digits", "model": "digits-cnn",
-                      "samples-per-client": 40, "test-samples": 20, "local-epochs": 1, "batch-size": 20,
-                      "dropout": 0.5, "device": "cpu"}
-        torch.manual_seed(0)
-        initial = ArrayRecord(build_model("digits-cnn", 10, 1).state_dict())
+        client_app, run_config, initial = _dropout_client()
         trained = []
         for noise in (1, 2):
             torch.manual_seed(noise)  # whatever this worker process ran before
@@ -203,22 +211,12 @@ def test_dropout_control_trains_the_same_whatever_ran_before(task_identity):  # 
 
 def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_hooks(task_identity):  # noqa: F811
     """The ClientApp borrows spare models: a reused one must give the numbers a fresh one gives."""
-    import tomllib
-
     import torch
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     threads = torch.get_num_threads()
     try:
-        client_app = paper_module("client_app")
-        from lips_flwr.experiments.models import build_model
-
-        defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-        run_config = {**defaults, "algorithm": "fedbn-dropout", "dataset": "digits", "model": "digits-cnn",
-                      "samples-per-client": 40, "test-samples": 20, "local-epochs": 1, "batch-size": 20,
-                      "dropout": 0.5, "device": "cpu"}
-        torch.manual_seed(0)
-        initial = ArrayRecord(build_model("digits-cnn", 10, 1).state_dict())
+        client_app, run_config, initial = _dropout_client()
 
         def train(pid: int, rnd: int = 1) -> dict:
             ctx = Context(run_id=1, node_id=5 + pid, node_config={"partition-id": pid}, state=RecordDict(),
