@@ -37,17 +37,31 @@ from pathlib import Path
 from common import ROOT, code_line, load_line, machine_line, median, paired_ratio
 
 
-def child(rounds: int, nodes: int, state: str) -> dict:
-    """One run in this process (the code on ``sys.path``), its client time split."""
+def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> dict:
+    """One run in this process (the code on ``sys.path``), its client time split.
+
+    Compute: inside ``local_compute()`` on the sequential engine; on the
+    stacked one, the Rendezvous leader's gathered calls (``_execute``).
+    """
     sys.path.insert(0, str(Path.cwd() / "examples" / "paper"))
     from batched import run_config
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 
-    from lips_flwr.experiments import training
+    from lips_flwr.experiments import rendezvous, training
     from lips_flwr.experiments.batched_grid import run_batched
 
     compute = [0.0]
+    execute = rendezvous.Rendezvous._execute
+
+    def timed_execute(self, calls):
+        start = time.perf_counter()
+        try:
+            execute(self, calls)
+        finally:
+            compute[0] += time.perf_counter() - start
+
+    rendezvous.Rendezvous._execute = timed_execute
 
     class Timed:
         def train(self, *args, **kwargs):
@@ -72,7 +86,7 @@ def child(rounds: int, nodes: int, state: str) -> dict:
     with training.computing_with(Timed()):
         start = time.perf_counter()
         grid = run_batched(server_app, client_app, run_config=run_config(conf), num_nodes=nodes,
-                           engine="sequential")
+                           engine=engine)
         wall = time.perf_counter() - start
     import lips_flwr
 
@@ -98,10 +112,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--after-env", nargs="*", default=[], metavar="KEY=VALUE",
                         help="environment of the 'after' runs only (e.g. OPENBLAS_NUM_THREADS=1)")
-    parser.add_argument("--child", nargs=3, metavar=("ROUNDS", "NODES", "STATE"), help=argparse.SUPPRESS)
+    parser.add_argument("--engine", choices=("sequential", "stacked"), default="sequential",
+                        help="the batched Grid's engine (stacked: the GPU's; on a CPU its compute is slow)")
+    parser.add_argument("--child", nargs=4, metavar=("ROUNDS", "NODES", "STATE", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), int(args.child[1]), args.child[2])))
+        print(json.dumps(child(int(args.child[0]), int(args.child[1]), args.child[2], args.child[3])))
         return
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     after_env = dict(pair.split("=", 1) for pair in args.after_env)
@@ -116,14 +132,14 @@ def main() -> None:
                 tree = before if side == "before" else ROOT
                 out = subprocess.run(
                     [sys.executable, str(Path(__file__).resolve()), "--rev", args.rev, "--child",
-                     str(args.rounds), str(args.nodes), str(state)],
+                     str(args.rounds), str(args.nodes), str(state), args.engine],
                     cwd=tree, env={**env, "PYTHONPATH": str(tree), **(after_env if side == "after" else {})},
                     capture_output=True, text=True, check=True)
                 results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 if Path(results[side][-1].pop("code")).resolve() != tree.resolve():
                     raise SystemExit(f"the {side} run imported another lips_flwr than {tree}")
                 print(f"rep {rep} {side:6s} {results[side][-1]} ({load_line()})", flush=True)
-    print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.reps} reps, medians:")
+    print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.engine} engine, {args.reps} reps, medians:")
     print("| part | before | after | after / before |\n|---|---|---|---|")
     for key, label in (("overhead_ms", "client overhead per call"), ("compute_ms", "client compute per call"),
                        ("server_ms", "server step per round")):
