@@ -23,7 +23,7 @@ case "${1:-bench}" in
   study)
     # Stops itself before the call's limit; a stopped run continues from its last round next call.
     # One run per core (prereg.py gives each one BLAS thread): a run's CPU time is mostly its
-    # 100 ClientApp calls a round (~7.6 ms each outside training on the development machine,
+    # 100 ClientApp calls a round (~6.4 ms each outside training, stacked, on the development machine,
     # benchmarks/README.md section 8), the GPU trains the stacked clients.
     timeout -k 15 "${STUDY_TIMEOUT:-520}" python3 examples/paper/prereg.py run --regime gpu \
       --jobs "${STUDY_JOBS:-$(nproc)}" \
