@@ -13,7 +13,11 @@ mods, its records) while the others wait for their turn or for their call's
 result, each on its own lock or event. A hundred threads all runnable at once
 would fight over the GIL, and one condition that every arrival notifies
 would wake every waiting thread each time; on a CPU that made a call's
-overhead several times the sequential engine's.
+overhead several times the sequential engine's. So a ClientApp must not wait,
+outside its calls, on something another client does (a lock another client
+holds across its call): that client cannot run until this one reaches its
+call or returns. Its calls must come from its own thread: one made from a
+thread it started (``asyncio.to_thread``) is a ``RuntimeError``.
 
 Calls that cannot be stacked (a model or data shape of its own, a single
 call) run one after another, as :data:`~.training.SEQUENTIAL` would. If a
@@ -96,17 +100,21 @@ class Rendezvous:
         return self._wait(_Call("evaluate", net, x, y))
 
     def _wait(self, call: _Call) -> Any:
-        call.index = getattr(self._thread, "index", 0)
-        turn = getattr(self._thread, "turn", False)  # (a thread of the client's own has no turn)
+        if not getattr(self._thread, "turn", False):
+            # A thread the client started: its parent keeps the turn while it waits for it, so
+            # no other client could reach its call and the gathering would never complete.
+            raise RuntimeError("a Rendezvous call (local_compute().train/.evaluate) from a thread the "
+                               "Rendezvous did not start: make it from the ClientApp's own thread")
+        call.index = self._thread.index
         with self._cond:
             self._calls.append(call)
             self._running -= 1
             self._cond.notify()  # the leader, the only one waiting on it
-        if turn:
-            self._thread.turn = False
-            self._turn.release()
-        call.finished.wait()
-        if turn:
+        self._thread.turn = False
+        self._turn.release()
+        try:
+            call.finished.wait()
+        finally:  # (the turn is this thread's again whatever ends the wait)
             self._turn.acquire()
             self._thread.turn = True
         if call.error is not None:
@@ -132,8 +140,9 @@ class Rendezvous:
             except BaseException as err:  # noqa: BLE001 - re-raised by the leader
                 errors.append(err)
             finally:
-                self._thread.turn = False
-                self._turn.release()
+                if self._thread.turn:
+                    self._thread.turn = False
+                    self._turn.release()
                 with self._cond:
                     self._running -= 1
                     self._cond.notify()
@@ -143,6 +152,7 @@ class Rendezvous:
                    for i in range(len(clients))]
         for thread in threads:
             thread.start()
+        failure: BaseException | None = None  # raised by running gathered calls (a stop, a bug)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._running == 0)
@@ -153,7 +163,15 @@ class Rendezvous:
             # template, whose seed seeds the global RNG, each client's dropout draws (by its place
             # in the stack) and the chunks all follow it, so a run gives the same numbers every time.
             calls.sort(key=lambda call: call.index)
-            self._execute(calls)
+            if failure is None:
+                try:
+                    self._execute(calls)
+                except BaseException as err:  # noqa: BLE001 - raised below, once no client waits
+                    failure = err
+            if failure is not None:  # every call without a result fails, so no client waits forever
+                for call in calls:
+                    if call.result is None and call.error is None:
+                        call.error = RuntimeError(f"the gathered calls failed: {failure!r}")
             with self._cond:
                 self._running += len(calls)
             for call in calls:
@@ -161,6 +179,8 @@ class Rendezvous:
                 call.finished.set()
         for thread in threads:
             thread.join()
+        if failure is not None:
+            raise failure
         if errors:
             raise errors[0]
         return results

@@ -240,6 +240,70 @@ def test_client_threads_take_turns_running_their_python(monkeypatch):
     assert most == [1]
 
 
+def _finishes(fn, seconds: float = 30.0):
+    """``fn()``'s result or exception, run in a thread that must end within ``seconds`` (no hang)."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["result"] = fn()
+        except BaseException as err:  # noqa: BLE001
+            out["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the Rendezvous hung"
+    return out
+
+
+def test_a_call_from_a_thread_the_client_started_is_an_error_not_a_hang(monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(rendezvous_module, "_run_together",
+                        lambda chunk, autocast=None: [setattr(c, "result", 1.0) for c in chunk])
+    rendezvous = Rendezvous()
+    net = torch.nn.Linear(1, 1)
+
+    def client(i):
+        def run():
+            call = lambda: local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)  # noqa: E731
+            try:
+                return asyncio.run(asyncio.to_thread(call))  # carries the context into its thread
+            except RuntimeError as err:
+                return str(err)
+        return lambda: _with(rendezvous, run)
+
+    out = _finishes(lambda: rendezvous.run([client(i) for i in range(3)]))
+    assert all("from a thread the Rendezvous did not start" in r for r in out["result"])
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, SystemExit])  # (an Exception: run one by one)
+def test_when_running_the_gathered_calls_fails_no_client_is_left_waiting(monkeypatch, failure):
+    def fail(chunk, autocast=None):
+        raise failure()
+
+    monkeypatch.setattr(rendezvous_module, "_run_together", fail)
+    rendezvous = Rendezvous()
+    net = torch.nn.Linear(1, 1)
+    seen: list[str] = []
+
+    def client(i):
+        def run():
+            try:
+                return local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)
+            except RuntimeError as err:  # the client sees the failure as an error of its call
+                seen.append(str(err))
+                return local_compute().evaluate(net, torch.zeros(2, 1), torch.zeros(2))  # a later call too
+        return lambda: _with(rendezvous, run)
+
+    before = threading.active_count()
+    out = _finishes(lambda: rendezvous.run([client(i) for i in range(4)]))
+    assert isinstance(out.get("error"), failure)  # the leader raises it, once every client is done
+    assert len(seen) == 4 and all("the gathered calls failed" in m for m in seen)
+    assert threading.active_count() == before
+
+
 def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
     monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk, autocast=None: 1 / 0)
     rendezvous = Rendezvous()
