@@ -53,9 +53,8 @@ class _Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
     result: Any = None
     error: BaseException | None = None
-    done: bool = False
     index: int = 0  # the client's place in the round (its thread's), the order calls run in
-    finished: threading.Event = field(default_factory=threading.Event)  # set with ``done``
+    finished: threading.Event = field(default_factory=threading.Event)  # set once its result or error is in
 
     def key(self) -> tuple:
         """Calls with equal keys can be stacked: same work, architecture, data shape and device."""
@@ -175,7 +174,6 @@ class Rendezvous:
             with self._cond:
                 self._running += len(calls)
             for call in calls:
-                call.done = True
                 call.finished.set()
         for thread in threads:
             thread.join()
