@@ -20,8 +20,7 @@ def array_of(ndarray: np.ndarray) -> Array:
     serialized in C order, as ``Array(np.asarray(ndarray, order="C"))``.
     """
     ndarray = np.asarray(ndarray, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
-    if ndarray.dtype.hasobject:  # refused as Flower refuses it (np.save without pickle)
-        return Array(ndarray)
+    # (An object array is refused by np.save without pickle, as in Flower: a ValueError.)
     return Array(dtype=str(ndarray.dtype), shape=tuple(ndarray.shape), stype=NUMPY_SERIALIZATION,
                  data=npy_bytes(ndarray))
 
