@@ -52,31 +52,21 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     from lips_flwr.experiments.batched_grid import run_batched
 
     compute = [0.0]
-    execute = rendezvous.Rendezvous._execute
 
-    def timed_execute(self, calls):
-        start = time.perf_counter()
-        try:
-            execute(self, calls)
-        finally:
-            compute[0] += time.perf_counter() - start
-
-    rendezvous.Rendezvous._execute = timed_execute
-
-    class Timed:
-        def train(self, *args, **kwargs):
+    def timed(fn):
+        def call(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return training.SEQUENTIAL.train(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
                 compute[0] += time.perf_counter() - start
+        return call
 
-        def evaluate(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return training.SEQUENTIAL.evaluate(*args, **kwargs)
-            finally:
-                compute[0] += time.perf_counter() - start
+    rendezvous.Rendezvous._execute = timed(rendezvous.Rendezvous._execute)  # stacked: the leader's calls
+
+    class Timed:  # sequential: the clients' calls of local_compute()
+        train = staticmethod(timed(training.SEQUENTIAL.train))
+        evaluate = staticmethod(timed(training.SEQUENTIAL.evaluate))
 
     conf = tomllib.loads((Path("examples/paper/conf/prereg-fmnist-gpu-dir0.1.toml")).read_text())
     conf.pop("federation")
@@ -91,7 +81,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     import lips_flwr
 
     calls = 2 * nodes * rounds  # a train and an evaluate call per client and round
-    return {"code": str(Path(lips_flwr.__file__).parents[1]),"overhead_ms": (grid.client_seconds - compute[0]) / calls * 1e3,
+    return {"code": str(Path(lips_flwr.__file__).parents[1]),
+            "overhead_ms": (grid.client_seconds - compute[0]) / calls * 1e3,
             "compute_ms": compute[0] / calls * 1e3,
             "server_ms": (wall - grid.client_seconds) / rounds * 1e3}
 
