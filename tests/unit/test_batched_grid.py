@@ -74,6 +74,19 @@ def test_every_node_gets_its_own_copy_and_context_and_a_raising_client_an_error_
     assert "partition 2 has no data" in grid.first_error
 
 
+def _record_stacks(monkeypatch) -> list[list[int]]:
+    """Stacked chunks replaced by a record of their calls' seeds, in stack order (each call's result 0.0)."""
+    stacks: list[list[int]] = []
+
+    def fake_together(chunk, autocast=None):
+        stacks.append([int(call.kwargs["seed"]) for call in chunk])
+        for call in chunk:
+            call.result = 0.0
+
+    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    return stacks
+
+
 @pytest.mark.usefixtures("task_identity")
 def test_a_rounds_clients_run_in_node_order_whatever_order_the_strategy_sent_them_in(monkeypatch):
     # Flower's FedAvg samples its nodes in a random order; the stacked engine's numbers
@@ -87,14 +100,7 @@ def test_a_rounds_clients_run_in_node_order_whatever_order_the_strategy_sent_the
     assert sorted(r.metadata.src_node_id for r in replies) == sorted(shuffled)
     assert calls == [0, 1, 3, 4]
 
-    stacks: list[list[int]] = []
-
-    def fake_together(chunk, autocast=None):
-        stacks.append([int(call.kwargs["seed"]) for call in chunk])
-        for call in chunk:
-            call.result = 0.0
-
-    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    stacks = _record_stacks(monkeypatch)
     app = ClientApp()
 
     @app.train()
@@ -152,14 +158,7 @@ def _with(engine, fn):
 def test_gathered_calls_run_in_the_clients_order_whatever_order_their_threads_arrive_in(monkeypatch):
     # The template net, the global RNG's seed and each client's dropout draws follow the order
     # of a stacked chunk: the order threads happen to arrive in made dropout runs differ.
-    chunks: list[list[int]] = []
-
-    def fake_together(chunk, autocast=None):
-        chunks.append([int(call.kwargs["seed"]) for call in chunk])
-        for call in chunk:
-            call.result = 0.0
-
-    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    chunks = _record_stacks(monkeypatch)
     net = torch.nn.Linear(1, 1)
 
     def client(rendezvous, i, n):
