@@ -159,7 +159,9 @@ def child_batched(spec: dict) -> dict:
     import torch
     from batched import run_paper
 
-    from lips_flwr.experiments import batched_grid, rendezvous, training
+    from lips_flwr.experiments import training
+    from lips_flwr.experiments.batched import grid as batched_grid
+    from lips_flwr.experiments.batched import rendezvous
 
     client_app.load_dataset = loader(spec["synthetic"])  # the ClientApp looks it up per call
     events: dict[str, list] = {"save": [], "deliver": [], "compute": []}

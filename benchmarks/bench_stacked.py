@@ -5,7 +5,7 @@ interleaved round-robin (the order alternates every repetition):
 
 - ``sequential``: :func:`~lips_flwr.experiments.training.train_tensors` (or
   ``evaluate_tensors``) client after client;
-- ``stacked``: :func:`~lips_flwr.experiments.stacked_training.train_stacked`
+- ``stacked``: :func:`~lips_flwr.experiments.batched.stacked.train_stacked`
   (or ``evaluate_stacked``) on all the clients at once.
 
 Workloads (``--quick``: fewer clients and samples):
@@ -43,7 +43,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
 from lips_flwr.experiments.models import FashionCNN, ResNet8  # noqa: E402
-from lips_flwr.experiments.stacked_training import evaluate_stacked, train_stacked  # noqa: E402
+from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked  # noqa: E402
 from lips_flwr.experiments.training import evaluate_tensors, train_tensors  # noqa: E402
 
 Data = list[tuple[torch.Tensor, torch.Tensor]]

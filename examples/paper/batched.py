@@ -47,7 +47,7 @@ def run_paper(values: dict, num_nodes: int, engine: str = "auto", chunk_size: in
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 
-    from lips_flwr.experiments.batched_grid import run_batched
+    from lips_flwr.experiments.batched import run_batched
 
     grid = run_batched(server_app, client_app, run_config=run_config(values), num_nodes=num_nodes,
                        engine=engine, chunk_size=chunk_size)

@@ -4,7 +4,7 @@
 :mod:`.models` (VGG6, ResNet8/10, small CNNs), :mod:`.training` (train and
 evaluate loops), :mod:`.results` (atomic JSON results files),
 :mod:`.local_flower` (``flwr run`` on a private local SuperLink, stopped by pid),
-and the batched simulation: :mod:`.batched_grid` (a Flower ``Grid`` that runs
-a round's clients in this process), :mod:`.rendezvous` and
-:mod:`.stacked_training` (many clients trained at once, their models stacked).
+and :mod:`.batched`, the batched simulation engine (a Flower ``Grid`` that
+runs a round's clients in this process, one after another or their models
+stacked).
 """

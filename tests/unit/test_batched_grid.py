@@ -16,9 +16,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from flower_fakes import task_identity  # noqa: F401
-from lips_flwr.experiments import rendezvous as rendezvous_module
-from lips_flwr.experiments.batched_grid import BatchedGrid, run_batched
-from lips_flwr.experiments.rendezvous import Rendezvous
+from lips_flwr.experiments.batched import rendezvous as rendezvous_module
+from lips_flwr.experiments.batched import BatchedGrid, run_batched
+from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_compute
 
 PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"

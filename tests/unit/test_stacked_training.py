@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.experiments.stacked_training: stacked = sequential, per client."""
+"""Unit tests for lips_flwr.experiments.batched.stacked: stacked = sequential, per client."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from lips_flwr.experiments import stacked_training, training
+from lips_flwr.experiments import training
+from lips_flwr.experiments.batched import stacked as stacked_training
 from lips_flwr.experiments.models import VGG6, DigitsCNN, FashionCNN, ResNet8
-from lips_flwr.experiments.stacked_training import (
+from lips_flwr.experiments.batched.stacked import (
     can_stack,
     evaluate_stacked,
     train_stacked,

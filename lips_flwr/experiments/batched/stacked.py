@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from .training import augment
+from ..training import augment
 
 Stacked = dict[str, Tensor]
 

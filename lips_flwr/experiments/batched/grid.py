@@ -17,7 +17,7 @@ What it changes is where the clients' training and evaluation run:
 - ``"stacked"``: every client of the round in its own thread up to the
   ClientApp's call of :func:`~lips_flwr.experiments.training.local_compute`;
   the calls are gathered and run at once, the clients' models stacked
-  (:mod:`.stacked_training`), in chunks of ``chunk_size`` clients. A chunk
+  (:mod:`.stacked`), in chunks of ``chunk_size`` clients. A chunk
   that does not fit in GPU memory is halved until it does.
 - ``"auto"`` (default): stacked on CUDA, sequential otherwise.
 
@@ -39,7 +39,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from lips_flwr.experiments.rendezvous import Rendezvous
+from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.training import computing_with
 
 Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own module always has it

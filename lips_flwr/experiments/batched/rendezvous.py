@@ -4,7 +4,7 @@ Each client of a round runs its ClientApp in its own thread, unchanged, up to
 its call of ``local_compute().train(...)`` (or ``.evaluate``); there it waits.
 When every client thread is either waiting or finished, the leader (the
 thread that called :meth:`Rendezvous.run`) runs the gathered calls together,
-their models stacked (:mod:`.stacked_training`), releases the waiting
+their models stacked (:mod:`.stacked`), releases the waiting
 threads, and waits for the next gathering: the calls of a round fall into
 phases on their own (train, then the evaluations after it).
 
@@ -217,7 +217,7 @@ def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> No
     if len(chunk) == 1:
         _run_one_by_one(chunk)
         return
-    from lips_flwr.experiments.stacked_training import evaluate_stacked, train_stacked
+    from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked
 
     nets, data = [c.net for c in chunk], [(c.x, c.y) for c in chunk]
     if chunk[0].kind == "train":
@@ -231,7 +231,7 @@ def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> No
 
 
 def _run_one_by_one(chunk: list[_Call]) -> None:
-    from lips_flwr.experiments.stacked_training import _seeded_global_rng
+    from lips_flwr.experiments.batched.stacked import _seeded_global_rng
 
     for call in chunk:
         try:
