@@ -2,5 +2,6 @@
 
 from .legacy import LegacyLIPS, LegacyLIPSFedAvg
 from .message import LIPS, LIPSFedAvg
+from .overrides import forced_options
 
-__all__ = ["LIPS", "LIPSFedAvg", "LegacyLIPS", "LegacyLIPSFedAvg"]
+__all__ = ["LIPS", "LIPSFedAvg", "LegacyLIPS", "LegacyLIPSFedAvg", "forced_options"]

@@ -37,6 +37,7 @@ from ._cache_sync import snapshot_caches, strategy_chain, sync_cached_models
 from ._checkpointing import CheckpointKeeper
 from ._reply_checks import ModelHeaders
 from ._strategy_state import ndarray_state, ndarray_value
+from .overrides import with_forced
 
 CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
 CORE_OPTIONS = (*OPTIONS, *TRIGGER_OPTIONS)  # what LIPSCore takes
@@ -97,6 +98,7 @@ class LIPSAdapter:
 
     # ------------------------------------------------------------ construction
     def _init_lips(self, options: Mapping[str, Any]) -> None:
+        options = with_forced(type(self).__name__, options)  # lips-flwr compare's arm with LIPS off
         unknown = sorted(set(options) - {*CORE_OPTIONS, *CHECKPOINT_OPTIONS})
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {unknown}; "
