@@ -52,7 +52,9 @@ test: lint
 	$(MAKE) -j3 --output-sync=target test-suite test-wheel test-lowest
 
 test-suite: setup
-	$(BIN)/python -m pytest -q
+	@date +"test-suite: started %T"
+	$(BIN)/python -m pytest -q --durations=15
+	@date +"test-suite: ended %T"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"
@@ -68,6 +70,7 @@ dist: setup
 # The package as a user gets it: no editable install, nothing of the checkout on the path
 # (tests/integration/conftest.py checks where lips_flwr was imported from).
 test-wheel: dist
+	@date +"test-wheel: started %T"
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/pip install -q --upgrade pip
@@ -76,8 +79,10 @@ test-wheel: dist
 	cd "$$(mktemp -d)" && LIPS_TEST_INSTALLED=1 $(abspath $(WHEEL_VENV))/bin/python -m pytest -q \
 	  -p no:cacheprovider -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 	  -k server $(CURDIR)/tests/integration/test_flwr_run_examples.py
+	@date +"test-wheel: ended %T"
 
 test-lowest:
+	@date +"test-lowest: started %T"
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/pip install -q --upgrade pip
@@ -87,6 +92,7 @@ test-lowest:
 	$(LOWEST_VENV)/bin/python -c "import flwr, numpy, torch, sys; print('lowest:', sys.version.split()[0], \
 	  'flwr', flwr.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
 	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
+	@date +"test-lowest: ended %T"
 
 main: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/paper/run_grid.py \
