@@ -1,0 +1,352 @@
+"""Set-backs of the accuracy in every committed run of the pre-registered study.
+
+    python examples/paper/setbacks.py            # docs/results/prereg/setbacks.{md,json,png}
+
+The definition, the strata and the intervals are PROTOCOL.md's addendum of
+2026-12-03, written before this was computed. A set-back is a round ``t`` whose
+``acc-after`` falls by at least 10 points from round ``t - 1``; its recovery is
+the rounds until ``acc-after`` is back within 1 point of ``a(t-1)`` (censored
+at the run's end), its depth how far below ``a(t-1)`` the run went meanwhile.
+Counted per run and stratum (mask rounds, the rounds after a mask, the other
+rounds; rounds 2-50 and 51-100), summed per method with a percentile
+bootstrap over runs, and compared per seed with FedBN's run of the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+APP = Path(__file__).resolve().parent
+sys.path.insert(0, str(APP))
+from prereg import OUT, load_folder, series  # noqa: E402
+from stats import paired  # noqa: E402
+
+THRESHOLD = 0.10  # the primary set-back: a fall of at least 10 points
+SECONDARY_THRESHOLD = 0.05
+TOLERANCE = 0.01  # recovered: back within 1 point of the level before the fall
+EARLY_LAST = 50  # early rounds 2-50, late rounds 51-100
+RESAMPLES = 10_000
+EPS = 1e-9  # accuracies are sums of fractions: a fall of exactly 10 points may come out 1e-16 short
+STRATA = ("all", "mask", "after-mask", "other", "early", "late")
+CONTROL = "fedbn"
+
+
+@dataclass(frozen=True)
+class SetBack:
+    """One set-back: the round, its fall and depth (fractions), and the rounds until it was regained."""
+
+    round: int
+    fall: float
+    depth: float
+    recovery: int  # rounds until regained; when censored, the rounds observed after it (it took longer)
+    censored: bool
+
+
+def find_setbacks(acc: dict[int, float], last: int, threshold: float = THRESHOLD,
+                  tolerance: float = TOLERANCE) -> list[SetBack]:
+    """Every round ``t`` in ``2..last`` with ``acc[t] <= acc[t-1] - threshold``, with its recovery and depth.
+
+    ``acc`` maps rounds to ``acc-after``; a round missing from it is not
+    judged, nor is the round after it, and a missing round cannot end a
+    recovery. The recovery is the smallest ``k >= 1`` with
+    ``acc[t+k] >= acc[t-1] - tolerance``; censored when no round up to ``last``
+    gets there (``recovery`` is then ``last - t``, the rounds seen without it).
+    The depth is ``acc[t-1]`` minus the lowest accuracy from ``t`` until the
+    recovery (to ``last`` when censored).
+    """
+    out = []
+    for t in range(2, last + 1):
+        if t not in acc or t - 1 not in acc or acc[t - 1] - acc[t] < threshold - EPS:
+            continue
+        level = acc[t - 1]
+        regained = (u for u in range(t + 1, last + 1) if u in acc and acc[u] >= level - tolerance - EPS)
+        back = next(regained, None)
+        window = [acc[u] for u in range(t, (back if back is not None else last + 1)) if u in acc]
+        out.append(SetBack(round=t, fall=level - acc[t], depth=level - min(window),
+                           recovery=(back - t) if back is not None else last - t, censored=back is None))
+    return out
+
+
+def masked_rounds(data: dict) -> set[int]:
+    """The rounds whose aggregate was masked: train metric ``lips-zeros`` above 0."""
+    return {int(r) for r, m in data["rounds"].items() if m.get("train", {}).get("lips-zeros", 0) > 0}
+
+
+def schedule_rounds(last: int, every: int) -> set[int]:
+    """The schedule's rounds ``t`` with ``(t - 1) % every == 0``: a placebo for a method that never masks."""
+    return {t for t in range(1, last + 1) if (t - 1) % every == 0}
+
+
+def method_masks(method: str) -> bool:
+    """Whether ``method`` masks at all (has a LIPS score): its mask rounds are then the recorded ones."""
+    from lips_paper.algorithms import algorithm
+
+    return algorithm(method).score is not None
+
+
+def round_strata(t: int, masks: set[int]) -> tuple[str, ...]:
+    """The strata round ``t`` belongs to, given the (recorded or placebo) mask rounds."""
+    place = "mask" if t in masks else "after-mask" if t - 1 in masks else "other"
+    return ("all", place, "early" if t <= EARLY_LAST else "late")
+
+
+def count_run(data: dict, masks: set[int], threshold: float = THRESHOLD) -> dict:
+    """One run's rounds judged and set-backs per stratum, and its set-backs."""
+    last = int(data["run_config"]["num-server-rounds"])
+    acc = series(data, "evaluate", "acc-after")
+    events = find_setbacks(acc, last, threshold)
+    judged = [t for t in range(2, last + 1) if t in acc and t - 1 in acc]
+    counts = {s: {"rounds": 0, "setbacks": 0} for s in STRATA}
+    for t in judged:
+        for s in round_strata(t, masks):
+            counts[s]["rounds"] += 1
+    for event in events:
+        for s in round_strata(event.round, masks):
+            counts[s]["setbacks"] += 1
+    return {"seed": int(data["run_config"]["seed"]), "counts": counts, "events": [asdict(e) for e in events]}
+
+
+def bootstrap_frequency(setbacks: list[int], rounds: list[int], resamples: int = RESAMPLES) -> dict:
+    """Total set-backs / total rounds of the runs; 95% percentile bootstrap over runs (``default_rng(0)``)."""
+    k, n = np.asarray(setbacks, dtype=float), np.asarray(rounds, dtype=float)
+    out = {"setbacks": int(k.sum()), "rounds": int(n.sum()), "runs": int(k.size),
+           "frequency": float(k.sum() / n.sum()) if n.sum() else float("nan")}
+    if k.sum() == 0 or k.size < 2:  # [0, 0] would say nothing: no interval
+        return {**out, "ci_low": None, "ci_high": None}
+    pick = np.random.default_rng(0).integers(0, k.size, size=(resamples, k.size))
+    freq = k[pick].sum(1) / n[pick].sum(1)
+    low, high = np.percentile(freq, [2.5, 97.5])
+    return {**out, "ci_low": float(low), "ci_high": float(high)}
+
+
+def median_recovery(events: list[dict]) -> str:
+    """Median recovery; a censored one counts as longer than any observed (``> k`` when the median is one)."""
+    if not events:
+        return "-"
+    ordered = sorted(events, key=lambda e: (e["censored"], e["recovery"]))
+    middle = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
+    if any(e["censored"] for e in middle):
+        return f"> {middle[0]['recovery']}"
+    return f"{np.mean([e['recovery'] for e in middle]):g}"
+
+
+def summarize_method(runs: list[dict]) -> dict:
+    """Per stratum the pooled frequency with its interval; the set-backs' median fall, depth and recovery."""
+    strata = {s: bootstrap_frequency([r["counts"][s]["setbacks"] for r in runs],
+                                     [r["counts"][s]["rounds"] for r in runs]) for s in STRATA}
+    events = [e for r in runs for e in r["events"]]
+    return {"strata": strata, "runs_with_setback": sum(1 for r in runs if r["events"]),
+            "median_fall": float(np.median([e["fall"] for e in events])) if events else None,
+            "median_depth": float(np.median([e["depth"] for e in events])) if events else None,
+            "median_recovery": median_recovery(events), "censored": sum(e["censored"] for e in events)}
+
+
+def against_control(runs: list[dict], control: list[dict]) -> dict:
+    """Per stratum, the mean over seeds of (this run's rate - FedBN's same-seed rate), 95% t interval."""
+    base = {r["seed"]: r for r in control}
+    out = {}
+
+    def rate(run: dict, stratum: str) -> float | None:
+        counts = run["counts"][stratum]
+        return counts["setbacks"] / counts["rounds"] if counts["rounds"] else None
+
+    for s in STRATA:
+        pairs = [(rate(r, s), rate(base[r["seed"]], s)) for r in runs if r["seed"] in base]
+        diffs = [a - b for a, b in pairs if a is not None and b is not None]
+        if len(diffs) >= 2:
+            out[s] = {**paired(diffs), "differences": diffs}
+    return out
+
+
+def count_regime(folder: Path, threshold: float) -> dict:
+    """Every method of one regime folder: its runs' counts, its summary and its comparison with FedBN."""
+    by_method = {}
+    for method, by_seed in sorted(load_folder(folder).items()):
+        masks_at_all = method_masks(method)
+        runs = []
+        for _, data in sorted(by_seed.items()):
+            conf = data["run_config"]
+            masks = masked_rounds(data) if masks_at_all else schedule_rounds(
+                int(conf["num-server-rounds"]), int(conf["every"]))
+            runs.append(count_run(data, masks, threshold))
+        by_method[method] = {"masks": "recorded" if masks_at_all else "placebo (the schedule's rounds)",
+                             "runs": runs, "summary": summarize_method(runs)}
+    control = by_method.get(CONTROL, {}).get("runs", [])
+    for method, entry in by_method.items():
+        if method != CONTROL and control:
+            entry["vs_fedbn"] = against_control(entry["runs"], control)
+    return by_method
+
+
+# ----------------------------------------------------------------------------- output
+
+def provenance(inputs: list[Path], outputs: list[Path]) -> dict:
+    """What made the numbers: this script, the code commit, whether the tree was dirty, versions, inputs.
+
+    ``dirty`` lists the working tree's changes (``git status --porcelain``)
+    but the ``outputs`` themselves, which a second run rewrites.
+    """
+    root = APP.parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    skip = {str(p.resolve().relative_to(root)) for p in outputs}
+    changes = [line for line in git("status", "--porcelain").splitlines() if line[3:] not in skip]
+    return {"script": str(Path(__file__).resolve().relative_to(root)),
+            "commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changes), "changes": changes,
+            "python": platform.python_version(), "numpy": np.__version__,
+            "inputs": [{"path": str(p.resolve().relative_to(root)),
+                        "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in inputs]}
+
+
+def _pct(entry: dict) -> str:
+    """``0.51% [0.17, 1.01] (3/594)``; no interval when there is no set-back."""
+    head = f"{100 * entry['frequency']:.2f}%"
+    if entry["ci_low"] is not None:
+        head += f" [{100 * entry['ci_low']:.2f}, {100 * entry['ci_high']:.2f}]"
+    return f"{head} ({entry['setbacks']}/{entry['rounds']})"
+
+
+def _diff(entry: dict | None) -> str:
+    if entry is None:
+        return "-"
+    return f"{100 * entry['mean']:+.2f} [{100 * entry['ci_low']:+.2f}, {100 * entry['ci_high']:+.2f}]"
+
+
+def _events(runs: list[dict]) -> str:
+    parts = [f"{r['seed']}: r{e['round']} -{100 * e['fall']:.1f}/-{100 * e['depth']:.1f} pt, "
+             + (f"> {e['recovery']} rounds (censored)" if e["censored"] else f"{e['recovery']} rounds")
+             for r in runs for e in r["events"]]
+    return "; ".join(parts) or "none"
+
+
+def regime_lines(name: str, methods: dict, label: str) -> list[str]:
+    """Markdown tables for one regime and one threshold."""
+    lines = [f"### {name}, {label}", "",
+             "Frequency of set-backs per round judged, in %, with the 95% bootstrap interval over runs "
+             "(set-backs / rounds judged); the mask columns are the recorded mask rounds, or for a method "
+             "that never masks the schedule's rounds (6, 11, ..., 96) as a placebo.", "",
+             "| method | masks | runs with one | all rounds | mask rounds | after a mask | other rounds "
+             "| rounds 2-50 | rounds 51-100 |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for method, entry in methods.items():
+        s = entry["summary"]
+        masks = entry["masks"].split(" ")[0]
+        head = f"| {method} | {masks} | {s['runs_with_setback']} of {len(entry['runs'])} | "
+        lines.append(head + " | ".join(_pct(s["strata"][k]) for k in STRATA) + " |")
+    lines += ["", "Against FedBN's run of the same seed: mean difference of the per-run rates, in points of "
+              "%, with its 95% t interval over seeds (FedBN's mask columns are its placebo rounds).", "",
+              "| method | all rounds | mask rounds | after a mask | other rounds | rounds 2-50 "
+              "| rounds 51-100 |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for method, entry in methods.items():
+        if "vs_fedbn" in entry:
+            cells = " | ".join(_diff(entry["vs_fedbn"].get(k)) for k in STRATA)
+            lines.append(f"| {method} | {cells} |")
+    lines += ["", "The set-backs (seed: round, fall / depth in points, recovery):", "",
+              "| method | set-backs | median fall | median depth | median recovery (rounds) | censored "
+              "| each |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for method, entry in methods.items():
+        s = entry["summary"]
+        fall = "-" if s["median_fall"] is None else f"{100 * s['median_fall']:.1f} pt"
+        depth = "-" if s["median_depth"] is None else f"{100 * s['median_depth']:.1f} pt"
+        lines.append(f"| {method} | {s['strata']['all']['setbacks']} | {fall} | {depth} | "
+                     f"{s['median_recovery']} | {s['censored']} | {_events(entry['runs'])} |")
+    return lines + [""]
+
+
+def figure(results: dict, out: Path) -> Path:
+    """Frequency per method (all rounds, mask rounds, after a mask) and every set-back's depth by round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    primary = results["primary"]
+    rows = [(regime, method, entry) for regime, methods in primary.items()
+            for method, entry in methods.items()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.32 * len(rows) + 2.2),
+                                      gridspec_kw={"width_ratios": [1.2, 1]})
+    for i, (_, _, entry) in enumerate(rows):
+        for j, (stratum, marker) in enumerate((("all", "o"), ("mask", "v"), ("after-mask", "^"))):
+            s = entry["summary"]["strata"][stratum]
+            y = i + (j - 1) * 0.22
+            left.plot(100 * s["frequency"], y, marker, color=f"C{j}", ms=5)
+            if s["ci_low"] is not None:
+                left.plot([100 * s["ci_low"], 100 * s["ci_high"]], [y, y], color=f"C{j}", lw=1.2)
+    for j, label in enumerate(("all rounds", "mask rounds (placebo for no mask)", "the round after a mask")):
+        left.plot([], [], "ov^"[j], color=f"C{j}", label=label)
+    left.set_yticks(range(len(rows)), [f"{m} ({r.split('-')[-1]})" for r, m, _ in rows], fontsize=8)
+    left.invert_yaxis()
+    left.set(xlabel="set-backs per round judged (%), 95% bootstrap interval over runs")
+    left.grid(alpha=0.3, axis="x")
+    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12 - 1.0 / len(rows)), ncol=3)
+    for i, (regime, method, entry) in enumerate(rows):
+        for r in entry["runs"]:
+            for e in r["events"]:
+                right.scatter(e["round"], 100 * e["depth"], s=22, color=f"C{i % 10}",
+                              marker="x" if e["censored"] else "o")
+        right.scatter([], [], color=f"C{i % 10}", s=22, label=f"{method} ({regime.split('-')[-1]})")
+    right.scatter([], [], color="0.4", marker="x", label="not regained by round 100")
+    right.set(xlabel="round of the set-back", ylabel="depth below the round before (points)", xlim=(0, 101))
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Set-backs (acc-after falls >= 10 points from one round to the next), every committed run "
+                 "of the pre-registered study", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=OUT, help="the study's results folder")
+    parser.add_argument("--out", type=Path, default=None, help="where setbacks.* go (default: --results)")
+    args = parser.parse_args()
+    out = (args.out or args.results).resolve()
+    folders = sorted(f for f in args.results.resolve().iterdir()
+                     if f.is_dir() and any(f.glob("*-seed*.json")))
+    if not folders:
+        raise SystemExit(f"no results folders with *-seed*.json in {args.results}")
+    results = {level: {f.name: count_regime(f, threshold) for f in folders}
+               for level, threshold in (("primary", THRESHOLD), ("secondary", SECONDARY_THRESHOLD))}
+    paths = [out / f"setbacks.{ext}" for ext in ("md", "json", "png")]
+    inputs = sorted(p for f in folders for p in f.glob("*-seed*.json"))
+    lines = ["# Set-backs of the accuracy, every committed run", "",
+             "Definition, strata and intervals: [PROTOCOL.md, Addenda, 2026-12-03]"
+             "(../../../examples/paper/PROTOCOL.md#addenda) (exploratory). A set-back is a round whose "
+             "`acc-after` falls by at least 10 points (secondary: 5) from the round before; it is regained "
+             "when `acc-after` is back within 1 point of that round's; its depth is how far below it the run "
+             "went meanwhile. Generated by `examples/paper/setbacks.py`; the numbers and their provenance "
+             "are in `setbacks.json`.", ""]
+    for level, label in (("primary", "set-back = a fall of >= 10 points"),
+                         ("secondary", "secondary: a fall of >= 5 points")):
+        lines.append(f"## {label}")
+        lines.append("")
+        for name, methods in results[level].items():
+            lines += regime_lines(name, methods, label.split(": ")[-1])
+    lines.append("![Set-back frequencies and depths](setbacks.png)")
+    out.mkdir(parents=True, exist_ok=True)
+    paths[0].write_text("\n".join(lines) + "\n")
+    bootstrap = {"resamples": RESAMPLES, "rng": "default_rng(0)", "percentiles": [2.5, 97.5], "unit": "run"}
+    definition = {"threshold": THRESHOLD, "secondary_threshold": SECONDARY_THRESHOLD, "tolerance": TOLERANCE,
+                  "early_rounds": [2, EARLY_LAST], "bootstrap": bootstrap,
+                  "protocol": "examples/paper/PROTOCOL.md, Addenda, 2026-12-03"}
+    record = {"definition": definition, "provenance": provenance(inputs, paths), **results}
+    paths[1].write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    figure(results, paths[2])
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
