@@ -289,14 +289,20 @@ def figure(results: dict, out: Path) -> Path:
     left.invert_yaxis()
     left.set(xlabel="set-backs per round judged (%), 95% bootstrap interval over runs")
     left.grid(alpha=0.3, axis="x")
-    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.12 - 1.0 / len(rows)), ncol=3)
-    for i, (regime, method, entry) in enumerate(rows):
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3)
+    with_events = sorted({m for _, m, e in rows if e["summary"]["strata"]["all"]["setbacks"]})
+    shapes = {regime: "os^D"[k % 4] for k, regime in enumerate(primary)}
+    for regime, method, entry in rows:
+        color = f"C{with_events.index(method) % 10}" if method in with_events else None
         for r in entry["runs"]:
             for e in r["events"]:
-                right.scatter(e["round"], 100 * e["depth"], s=22, color=f"C{i % 10}",
-                              marker="x" if e["censored"] else "o")
-        right.scatter([], [], color=f"C{i % 10}", s=22, label=f"{method} ({regime.split('-')[-1]})")
-    right.scatter([], [], color="0.4", marker="x", label="not regained by round 100")
+                right.scatter(e["round"], 100 * e["depth"], s=22, color=color,
+                              marker="x" if e["censored"] else shapes[regime], alpha=0.8)
+    for k, method in enumerate(with_events):
+        right.scatter([], [], color=f"C{k % 10}", s=22, label=method)
+    for regime, shape in shapes.items():
+        right.scatter([], [], color="0.4", s=22, marker=shape, label=regime)
+    right.scatter([], [], color="0.4", marker="x", label="not regained by the last round")
     right.set(xlabel="round of the set-back", ylabel="depth below the round before (points)", xlim=(0, 101))
     right.grid(alpha=0.3)
     right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
