@@ -30,6 +30,8 @@ sys.path.insert(0, str(APP))
 from prereg import OUT, load_folder, series  # noqa: E402
 from stats import paired  # noqa: E402
 
+from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
+
 THRESHOLD = 0.10  # the primary set-back: a fall of at least 10 points
 SECONDARY_THRESHOLD = 0.05
 TOLERANCE = 0.01  # recovered: back within 1 point of the level before the fall
@@ -99,20 +101,32 @@ def round_strata(t: int, masks: set[int]) -> tuple[str, ...]:
     return ("all", place, "early" if t <= EARLY_LAST else "late")
 
 
-def count_run(data: dict, masks: set[int], threshold: float = THRESHOLD) -> dict:
-    """One run's rounds judged and set-backs per stratum, and its set-backs."""
-    last = int(data["run_config"]["num-server-rounds"])
+def count_run(data: dict, masks: set[int], threshold: float = THRESHOLD, placebo: bool = False) -> dict:
+    """One run's rounds judged and set-backs per stratum, and its set-backs.
+
+    Each set-back also records its place (``mask``, ``after-mask``, ``other``)
+    and, unless ``masks`` are a placebo, the last mask at or before it: its
+    round and ``tau(t)`` (the run's ``tau0``, ``every`` and rounds).
+    """
+    conf = data["run_config"]
+    last = int(conf["num-server-rounds"])
     acc = series(data, "evaluate", "acc-after")
-    events = find_setbacks(acc, last, threshold)
     judged = [t for t in range(2, last + 1) if t in acc and t - 1 in acc]
     counts = {s: {"rounds": 0, "setbacks": 0} for s in STRATA}
     for t in judged:
         for s in round_strata(t, masks):
             counts[s]["rounds"] += 1
-    for event in events:
+    events = []
+    for event in find_setbacks(acc, last, threshold):
         for s in round_strata(event.round, masks):
             counts[s]["setbacks"] += 1
-    return {"seed": int(data["run_config"]["seed"]), "counts": counts, "events": [asdict(e) for e in events]}
+        before = [m for m in masks if m <= event.round]
+        last_mask = None
+        if before and not placebo:
+            schedule = MaskSchedule(last, float(conf["tau0"]), int(conf["every"]))
+            last_mask = {"round": max(before), "tau": schedule.tau(max(before))}
+        events.append({**asdict(event), "place": round_strata(event.round, masks)[1], "last_mask": last_mask})
+    return {"seed": int(conf["seed"]), "counts": counts, "events": events}
 
 
 def bootstrap_frequency(setbacks: list[int], rounds: list[int], resamples: int = RESAMPLES) -> dict:
@@ -177,7 +191,7 @@ def count_regime(folder: Path, threshold: float) -> dict:
             conf = data["run_config"]
             masks = masked_rounds(data) if masks_at_all else schedule_rounds(
                 int(conf["num-server-rounds"]), int(conf["every"]))
-            runs.append(count_run(data, masks, threshold))
+            runs.append(count_run(data, masks, threshold, placebo=not masks_at_all))
         by_method[method] = {"masks": "recorded" if masks_at_all else "placebo (the schedule's rounds)",
                              "runs": runs, "summary": summarize_method(runs)}
     control = by_method.get(CONTROL, {}).get("runs", [])
@@ -223,11 +237,12 @@ def _diff(entry: dict | None) -> str:
     return f"{100 * entry['mean']:+.2f} [{100 * entry['ci_low']:+.2f}, {100 * entry['ci_high']:+.2f}]"
 
 
-def _events(runs: list[dict]) -> str:
+def _events(runs: list[dict], most: int = 30) -> str:
+    """Each set-back as ``seed: r<round> -fall/-depth pt, recovery``; past ``most``, see the JSON."""
     parts = [f"{r['seed']}: r{e['round']} -{100 * e['fall']:.1f}/-{100 * e['depth']:.1f} pt, "
              + (f"> {e['recovery']} rounds (censored)" if e["censored"] else f"{e['recovery']} rounds")
              for r in runs for e in r["events"]]
-    return "; ".join(parts) or "none"
+    return ("; ".join(parts) or "none") if len(parts) <= most else "(in setbacks.json)"
 
 
 def regime_lines(name: str, methods: dict, label: str) -> list[str]:
@@ -261,6 +276,53 @@ def regime_lines(name: str, methods: dict, label: str) -> list[str]:
         depth = "-" if s["median_depth"] is None else f"{100 * s['median_depth']:.1f} pt"
         lines.append(f"| {method} | {s['strata']['all']['setbacks']} | {fall} | {depth} | "
                      f"{s['median_recovery']} | {s['censored']} | {_events(entry['runs'])} |")
+    return lines + [""]
+
+
+def reading(primary: dict) -> list[str]:
+    """LIPS's set-backs per regime and what they suggest for ``tau0`` (numbers from ``primary``)."""
+    lines, taus = ["## Reading: LIPS at the paper's tau0 = 0.5, set-backs of >= 10 points", ""], []
+    for regime, methods in primary.items():
+        if "lips" not in methods:
+            continue
+        lips, control = methods["lips"], methods.get(CONTROL)
+        strata, summary = lips["summary"]["strata"], lips["summary"]
+        at_masks = [e for r in lips["runs"] for e in r["events"] if e["place"] == "mask"]
+        taus += [e["last_mask"]["tau"] for e in at_masks]
+        text = (f"- {regime}: LIPS set a run back in {_pct(strata['mask'])} of its mask rounds, "
+                f"{_pct(strata['after-mask'])} of the rounds right after one and {_pct(strata['other'])} of "
+                f"the others")
+        if control:
+            text += f"; FedBN in {_pct(control['summary']['strata']['all'])} of its rounds"
+        if at_masks:
+            text += (f". Its set-backs at mask rounds came in rounds {min(e['round'] for e in at_masks)}-"
+                     f"{max(e['round'] for e in at_masks)}, where tau(t) was "
+                     f"{max(e['last_mask']['tau'] for e in at_masks):.3f} down to "
+                     f"{min(e['last_mask']['tau'] for e in at_masks):.3f}")
+        if summary["median_fall"] is not None:
+            text += (f"; the median set-back fell {100 * summary['median_fall']:.1f} points and was regained "
+                     f"in a median of {summary['median_recovery']} rounds")
+        lines.append(text + ".")
+        for r in lips["runs"]:
+            for e in (e for e in r["events"] if e["censored"]):
+                mask = e["last_mask"]
+                where = f"; the last mask before it was round {mask['round']}, tau(t) = {mask['tau']:.3f}"
+                lines.append(f"  Seed {r['seed']}'s set-back in round {e['round']} (a fall of "
+                             f"{100 * e['fall']:.1f} points) was not regained by the last round"
+                             f"{where if mask else ''}.")
+    censored = any(e["censored"] for m in primary.values() for r in m.get("lips", {}).get("runs", [])
+                   for e in r["events"])
+    if taus:
+        lines += ["", "For choosing tau0: `tau(t) = tau0 * (1 - (t - 1) / T)`, so a smaller tau0 lowers "
+                  "every mask's fraction. In these runs no LIPS mask round with tau(t) below "
+                  f"{min(taus):.2f} was itself a set-back, but the study ran only tau0 = 0.5: that is a "
+                  "hint, not a threshold" + (", and a run can still fall in the rounds after a small mask "
+                                             "(the set-back not regained, above)." if censored else ".")]
+    for entry in (m["lips-inertia"] for m in primary.values() if "lips-inertia" in m):
+        masks = entry["summary"]["strata"]["mask"]
+        setbacks = entry["summary"]["strata"]["all"]["setbacks"]
+        lines.append(f"The inertia trigger masked in {masks['rounds']} rounds of its {len(entry['runs'])} "
+                     f"runs; its runs had {setbacks} set-backs.")
     return lines + [""]
 
 
@@ -335,6 +397,7 @@ def main() -> None:
              "when `acc-after` is back within 1 point of that round's; its depth is how far below it the run "
              "went meanwhile. Generated by `examples/paper/setbacks.py`; the numbers and their provenance "
              "are in `setbacks.json`.", ""]
+    lines += reading(results["primary"])
     for level, label in (("primary", "set-back = a fall of >= 10 points"),
                          ("secondary", "secondary: a fall of >= 5 points")):
         lines.append(f"## {label}")

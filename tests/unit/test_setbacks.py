@@ -31,7 +31,7 @@ def acc_series(values=ACC) -> dict[int, float]:
 def run(seed: int, values=ACC, zeros_at=(), algorithm="lips") -> dict:
     rounds = {str(t): {"train": {"lips-zeros": 7 if t in zeros_at else 0}, "evaluate": {"acc-after": a}}
               for t, a in acc_series(values).items()}
-    conf = {"num-server-rounds": len(values), "seed": seed, "every": 5, "algorithm": algorithm}
+    conf = {"num-server-rounds": len(values), "seed": seed, "every": 5, "tau0": 0.5, "algorithm": algorithm}
     return {"run_config": conf, "rounds": rounds}
 
 
@@ -73,6 +73,25 @@ def test_counts_per_stratum_with_recorded_masks():
     assert counts["early"] == {"rounds": 13, "setbacks": 4}  # (every round of 14 is <= 50)
     assert counts["late"] == {"rounds": 0, "setbacks": 0}
     assert [e["round"] for e in counted["events"]] == [4, 8, 12, 13]
+    assert [e["place"] for e in counted["events"]] == ["other", "other", "after-mask", "other"]
+    # the last mask at or before each, with tau(t) = 0.5 * (1 - (t - 1) / 14)
+    assert counted["events"][0]["last_mask"] is None
+    assert counted["events"][1]["last_mask"] == {"round": 6, "tau": pytest.approx(0.5 * (1 - 5 / 14))}
+    assert counted["events"][2]["last_mask"] == {"round": 11, "tau": pytest.approx(0.5 * (1 - 10 / 14))}
+    placebo = setbacks.count_run(data, setbacks.schedule_rounds(14, 5), placebo=True)
+    assert all(e["last_mask"] is None for e in placebo["events"])
+
+
+def test_the_reading_states_lips_mask_round_set_backs_and_their_fractions():
+    masked = run(0, [0.5, 0.6, 0.7, 0.7, 0.7, 0.55, 0.7, 0.7], zeros_at={1, 6})  # a fall at the mask of 6
+    flat = run(0, [0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7], algorithm="fedbn")
+    lips = setbacks.count_run(masked, setbacks.masked_rounds(masked))
+    fedbn = setbacks.count_run(flat, setbacks.schedule_rounds(8, 5), placebo=True)
+    primary = {"regime": {"fedbn": {"runs": [fedbn], "summary": setbacks.summarize_method([fedbn])},
+                          "lips": {"runs": [lips], "summary": setbacks.summarize_method([lips])}}}
+    text = "\n".join(setbacks.reading(primary))
+    assert "100.00% (1/1) of its mask rounds" in text and "FedBN in 0.00% (0/7)" in text
+    assert f"tau(t) was {0.5 * (1 - 5 / 8):.3f}" in text and "not regained" not in text
 
 
 def test_a_method_that_never_masks_gets_the_schedule_as_a_placebo():
