@@ -203,23 +203,29 @@ def count_regime(folder: Path, threshold: float) -> dict:
 
 # ----------------------------------------------------------------------------- output
 
-def provenance(inputs: list[Path], outputs: list[Path]) -> dict:
-    """What made the numbers: this script, the code commit, whether the tree was dirty, versions, inputs.
+def provenance(inputs: list[Path], outputs: list[Path], script: Path = Path(__file__)) -> dict:
+    """What made the numbers: the ``script``, the code commit, whether the tree was dirty, versions, inputs.
 
-    ``dirty`` lists the working tree's changes (``git status --porcelain``)
-    but the ``outputs`` themselves, which a second run rewrites.
+    ``dirty`` lists the working tree's changes (``git status --porcelain``,
+    every untracked file) but the ``outputs`` themselves, which a second run
+    rewrites.
     """
     root = APP.parents[1]
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
-    skip = {str(p.resolve().relative_to(root)) for p in outputs}
-    changes = [line for line in git("status", "--porcelain").splitlines() if line[3:] not in skip]
-    return {"script": str(Path(__file__).resolve().relative_to(root)),
+    def name(path: Path) -> str:  # relative to the checkout when inside it
+        path = path.resolve()
+        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+    skip = {name(p) for p in outputs}
+    status = git("status", "--porcelain", "--untracked-files=all").splitlines()
+    changes = [line for line in status if line[3:] not in skip]
+    return {"script": name(script),
             "commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changes), "changes": changes,
             "python": platform.python_version(), "numpy": np.__version__,
-            "inputs": [{"path": str(p.resolve().relative_to(root)),
+            "inputs": [{"path": name(p),
                         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in inputs]}
 
 
