@@ -29,7 +29,7 @@ import numpy as np
 APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
 from prereg import LAST, endpoint, inertia_rho, load_folder, series  # noqa: E402
-from setbacks import provenance  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
 from lips_flwr.core.trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger  # noqa: E402

@@ -15,10 +15,7 @@ bootstrap over runs, and compared per seed with FedBN's run of the same seed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import platform
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ import numpy as np
 APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
 from prereg import OUT, load_folder, series  # noqa: E402
+from provenance import provenance  # noqa: E402
 from stats import paired  # noqa: E402
 
 from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
@@ -202,32 +200,6 @@ def count_regime(folder: Path, threshold: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- output
-
-def provenance(inputs: list[Path], outputs: list[Path], script: Path = Path(__file__)) -> dict:
-    """What made the numbers: the ``script``, the code commit, whether the tree was dirty, versions, inputs.
-
-    ``dirty`` lists the working tree's changes (``git status --porcelain``,
-    every untracked file) but the ``outputs`` themselves, which a second run
-    rewrites.
-    """
-    root = APP.parents[1]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
-
-    def name(path: Path) -> str:  # relative to the checkout when inside it
-        path = path.resolve()
-        return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-
-    skip = {name(p) for p in outputs}
-    status = git("status", "--porcelain", "--untracked-files=all").splitlines()
-    changes = [line for line in status if line[3:] not in skip]
-    return {"script": name(script),
-            "commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changes), "changes": changes,
-            "python": platform.python_version(), "numpy": np.__version__,
-            "inputs": [{"path": name(p),
-                        "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in inputs]}
-
 
 def _pct(entry: dict) -> str:
     """``0.51% [0.17, 1.01] (3/594)``; no interval when there is no set-back."""
@@ -417,7 +389,7 @@ def main() -> None:
     definition = {"threshold": THRESHOLD, "secondary_threshold": SECONDARY_THRESHOLD, "tolerance": TOLERANCE,
                   "early_rounds": [2, EARLY_LAST], "bootstrap": bootstrap,
                   "protocol": "examples/paper/PROTOCOL.md, Addenda, 2026-12-03"}
-    record = {"definition": definition, "provenance": provenance(inputs, paths), **results}
+    record = {"definition": definition, "provenance": provenance(inputs, paths, Path(__file__)), **results}
     paths[1].write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     figure(results, paths[2])
     print("\n".join(lines))
