@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +74,28 @@ def test_vgg6_accepts_other_input_sizes():
     model = VGG6(num_classes=7, in_channels=1).eval()
     with torch.no_grad():
         assert model(torch.randn(1, 1, 64, 64)).shape == (1, 7)
+
+
+def test_vgg6_takes_28x28_grayscale_images():
+    """Fashion-MNIST's 1x28x28 (the inertia pilot's VGG6 cell): five pools end at 1x1, not 0x0."""
+    model = build_model("vgg6", 10, 1).train()
+    out = model(torch.randn(4, 1, 28, 28))
+    assert out.shape == (4, 10)
+    out.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_vgg6_on_32x32_is_the_round_down_pooling_model():
+    """On the paper's 32x32 inputs rounding the pools up changes nothing (every map is even)."""
+    torch.manual_seed(0)
+    model = VGG6(num_classes=10, in_channels=3).eval()
+    floor = copy.deepcopy(model)
+    for module in floor.features:
+        if isinstance(module, nn.MaxPool2d):
+            module.ceil_mode = False
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(x), floor(x))
 
 
 def test_resnet8_in_channels_and_classes():

@@ -2,7 +2,10 @@
 
 Five 3x3 convolutions (64, 128, 256, 512, 512 channels, with bias, padding 1),
 each followed by batch norm, ReLU and a 2x2 max-pool, then one linear layer
-512 -> classes. About 3.92M parameters for 10 classes.
+512 -> classes. About 3.92M parameters for 10 classes. The max-pools round
+up (``ceil_mode``): the same as rounding down on the paper's 32x32 inputs,
+where every map has an even size, and what lets 28x28 Fashion-MNIST through
+(28 -> 14 -> 7 -> 4 -> 2 -> 1 instead of a 0x0 map after the fifth).
 
 The convolution stack is an :class:`torch.nn.Sequential` named ``features``
 so that the stem convolution's tensors are ``features.0.weight`` and
@@ -45,8 +48,10 @@ def make_vgg_features(in_channels: int, channels: Sequence[int]) -> nn.Sequentia
     Returns
     -------
     torch.nn.Sequential
-        ``Conv2d(3x3, bias, padding 1) -> BatchNorm2d -> ReLU -> MaxPool2d(2)``
-        per entry of ``channels``; the first convolution is module ``0``.
+        ``Conv2d(3x3, bias, padding 1) -> BatchNorm2d -> ReLU -> MaxPool2d(2, ceil_mode=True)``
+        per entry of ``channels``; the first convolution is module ``0``. A
+        map of odd size keeps its last row and column as a pooled cell of its
+        own (rounding down would drop them); on even sizes both are the same.
     """
     if in_channels < 1:
         raise ValueError(f"in_channels must be >= 1, got {in_channels}")
@@ -60,7 +65,7 @@ def make_vgg_features(in_channels: int, channels: Sequence[int]) -> nn.Sequentia
                 nn.Conv2d(previous, width, kernel_size=3, padding=1, bias=True),
                 nn.BatchNorm2d(width),
                 nn.ReLU(inplace=True),
-                nn.MaxPool2d(kernel_size=2, stride=2),
+                nn.MaxPool2d(kernel_size=2, stride=2, ceil_mode=True),
             ]
         )
         previous = width
@@ -81,8 +86,8 @@ class VGG6(nn.Module):
     -----
     Built for 32x32 inputs (CIFAR-10), where five 2x2 max-pools leave a 1x1
     map. An adaptive average pool to 1x1 before the classifier makes other
-    input sizes work too (it is the identity at 32x32); inputs must be at
-    least 32x32 so that every max-pool has something to pool.
+    input sizes work too (it is the identity at 32x32); the max-pools round
+    up, so that smaller inputs such as 28x28 Fashion-MNIST also end at 1x1.
 
     For LIPS, the ``"middle"`` layers are the kernels of
     convolutions 2-5 (``features.{4,8,12,16}.weight``); the ``"reference"``
@@ -111,8 +116,8 @@ class VGG6(nn.Module):
         Parameters
         ----------
         x : torch.Tensor
-            Images of shape ``(batch, in_channels, height, width)``, height and
-            width at least 32.
+            Images of shape ``(batch, in_channels, height, width)`` (32x32 for
+            CIFAR-10; 28x28 works too).
 
         Returns
         -------
