@@ -24,6 +24,7 @@ the folder where a client keeps its state on disk.
 from __future__ import annotations
 
 import json
+import numbers
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -107,32 +108,80 @@ class ClientRoundConfig:
 def parse_train_config(config: Mapping) -> ClientRoundConfig | None:
     """Read the ``lips-*`` keys; ``None`` when the server sent none (not a LIPS server).
 
-    Raises ``ValueError`` naming the keys when they are malformed.
+    Raises ``ValueError`` naming the key when one is malformed. Only what a
+    LIPS server sends passes: ``lips-round`` and ``lips-seed`` are ``int``
+    (a ``bool`` or a float is not, even ``3.0``; within int64, what a
+    ConfigRecord holds), ``lips-round`` at least 1 and ``lips-seed`` at
+    least 0; ``lips-tau`` a number in ``[0, 1)``; ``lips-mode`` and
+    ``lips-score`` known names; ``lips-layers`` a JSON string of a flat list
+    of distinct non-negative integers (:func:`_layer_positions`).
     """
     if KEY_ROUND not in config:
         return None
-    try:
-        parsed = ClientRoundConfig(
-            server_round=int(config[KEY_ROUND]),
-            mode=str(config.get(KEY_MODE, "server")),
-            tau=float(config.get(KEY_TAU, 0.0)),
-            score=str(config.get(KEY_SCORE, "sensitivity")),
-            seed=int(config.get(KEY_SEED, 0)),
-            layers=tuple(int(i) for i in json.loads(str(config.get(KEY_LAYERS, "[]")))),
-        )
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"malformed lips-* keys in the train config: {err}") from err
-    if parsed.mode not in MODES or parsed.score not in SCORES:
-        raise ValueError(
-            f"malformed lips-* keys in the train config: mode={parsed.mode!r}, "
-            f"score={parsed.score!r}, tau={parsed.tau!r}"
-        )
-    if not 0.0 <= parsed.tau < 1.0:  # what a LIPS server sends: tau0 < 1, decaying (NaN fails too)
-        raise ValueError(
-            f"malformed lips-* keys in the train config: {KEY_TAU} must be in [0, 1), "
-            f"got {parsed.tau!r}"
-        )
-    return parsed
+    tau = config.get(KEY_TAU, 0.0)
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 <= tau < 1.0:
+        # What a LIPS server sends: tau0 < 1, decaying (NaN fails the range too).
+        raise ValueError(f"{_MALFORMED}: {KEY_TAU} must be a number in [0, 1), got {_shown(tau)}")
+    return ClientRoundConfig(
+        server_round=_integer(config, KEY_ROUND, least=1),
+        mode=_name(config, KEY_MODE, "server", MODES),
+        tau=float(tau),
+        score=_name(config, KEY_SCORE, "sensitivity", SCORES),
+        seed=_integer(config, KEY_SEED, least=0, default=0),
+        layers=_layer_positions(config.get(KEY_LAYERS, "[]")),
+    )
+
+
+_MALFORMED = "malformed lips-* keys in the train config"
+_INT64_MAX = 2**63 - 1
+# The longest lips-layers accepted: 100,000 positions of up to 9 digits and a separator.
+_MAX_LAYERS_CHARS = 1_000_000
+# A flat JSON list of non-negative integers (no sign, no leading zero, no fraction, at most
+# 9 digits): checked before json.loads, so a hostile string cannot nest or smuggle in floats.
+_POSITION = r"(?:0|[1-9][0-9]{0,8})"
+_SPACE = r"[ \t\n\r]*"  # JSON's whitespace (``\s`` would also match what json.loads refuses)
+_ITEM = rf"{_POSITION}{_SPACE}"
+_FLAT_LIST = re.compile(rf"{_SPACE}\[{_SPACE}(?:{_ITEM}(?:,{_SPACE}{_ITEM})*)?\]{_SPACE}")
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to 60 characters: a hostile value must not flood the log."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _integer(config: Mapping, key: str, least: int, default: int | None = None) -> int:
+    """``config[key]`` as an int in ``[least, 2**63 - 1]``; ``ValueError`` naming ``key`` otherwise."""
+    value = config.get(key, default)
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not (integral and least <= int(value) <= _INT64_MAX):
+        raise ValueError(f"{_MALFORMED}: {key} must be an integer in [{least}, 2**63 - 1], "
+                         f"got {_shown(value)}")
+    return int(value)
+
+
+def _name(config: Mapping, key: str, default: str, known: Sequence[str]) -> str:
+    """``config[key]``, one of ``known``; ``ValueError`` naming ``key`` otherwise."""
+    value = config.get(key, default)
+    if not isinstance(value, str) or value not in known:
+        raise ValueError(f"{_MALFORMED}: {key} must be one of {list(known)}, got {_shown(value)}")
+    return value
+
+
+def _layer_positions(value: object) -> tuple[int, ...]:
+    """``lips-layers``: a JSON list of distinct tensor positions, ``"[1, 3]"`` -> ``(1, 3)``.
+
+    ``ValueError`` naming the key for anything else: another type, a string
+    over 1,000,000 characters, nesting, a float (``7.9`` is not taken as
+    ``7``), a negative number, a repeated position.
+    """
+    if not isinstance(value, str) or len(value) > _MAX_LAYERS_CHARS or not _FLAT_LIST.fullmatch(value):
+        raise ValueError(f"{_MALFORMED}: {KEY_LAYERS} must be a JSON list of non-negative integers "
+                         f"(at most {_MAX_LAYERS_CHARS} characters), got {_shown(value)}")
+    positions = tuple(json.loads(value))
+    if len(set(positions)) != len(positions):
+        raise ValueError(f"{_MALFORMED}: {KEY_LAYERS} names a position twice: {_shown(value)}")
+    return positions
 
 
 def config_round(config: Mapping) -> int | None:

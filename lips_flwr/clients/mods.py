@@ -142,7 +142,9 @@ def persistent_state_mod(msg: Message, context: Context, call_next: ClientAppCal
     path, server_round = state_path(context, config), config_round(config)
     train = _kind(msg) == MessageType.TRAIN
     if server_round is not None:  # a train message needs the state from before its round
-        load_state(context.state, path, server_round if train else server_round + 1)
+        arrays = _single(msg, ArrayRecord)  # a file of another model is not restored
+        shapes = None if arrays is None else {n: tuple(a.shape) for n, a in arrays[1].items()}
+        load_state(context.state, path, server_round if train else server_round + 1, shapes)
     reply = call_next(msg, context)
     if train and server_round is not None and not reply.has_error():
         save_state(context.state, path, server_round)

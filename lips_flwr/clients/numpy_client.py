@@ -168,9 +168,10 @@ class LIPSNumPyClient(NumPyClient):
         state = self._lips_context.state
         saved_at = state_path(self._lips_context, config)  # a resumed run: see clients.persist
         server_round = config_round(config)
-        if server_round is not None:
-            load_state(state, saved_at, server_round)
-        received = restore_local(state, self._named(parameters, "the server sent"), self._lips_local)
+        sent = self._named(parameters, "the server sent")
+        if server_round is not None:  # a file of another model is not restored
+            load_state(state, saved_at, server_round, {n: np.shape(a) for n, a in sent.items()})
+        received = restore_local(state, sent, self._lips_local)
         start, mask_metrics, round_config = before_training(
             state, received, config, client_salt(self._lips_context)
         )
@@ -189,7 +190,8 @@ class LIPSNumPyClient(NumPyClient):
         named = self._named(parameters, "the server sent")
         server_round = config_round(config)
         if server_round is not None:
-            load_state(self._lips_context.state, state_path(self._lips_context, config), server_round + 1)
+            load_state(self._lips_context.state, state_path(self._lips_context, config), server_round + 1,
+                       {n: np.shape(a) for n, a in named.items()})
         restored = restore_local(self._lips_context.state, named, self._lips_local)
         return self._inner("evaluate")(list(restored.values()), config)
 

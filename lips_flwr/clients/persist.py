@@ -13,19 +13,28 @@ the previous round's file beside it) and reads them back when a run with the
 same key finds its context empty: the newest saved before the round it is
 asked to train (or, for an evaluation, saved by then).
 
-The folder never costs a round: one that cannot be written (read-only, a
-regular file, a full disk) is logged once and the client replies as usual,
-without keeping its state on disk; a file that is damaged or lacks a part (a
-signal without its round) is logged and treated as absent; a partition id
-(or node id) that is not a plain name (``[A-Za-z0-9_.-]+`` without ``..``)
-never becomes part of a path: it is logged and nothing is kept.
+The folder never costs a round. Any OS error on the folder or its files (a
+folder that cannot be searched, read or written, a full disk, a name too long
+for the filesystem) is a WARNING naming the path and the error, logged once
+per path (or, for writes, per folder), and the client replies as usual,
+training as without persisted state. Something other than a regular file at a
+state file's path (a folder, a FIFO) is logged and neither read nor
+replaced. A file that is damaged or lacks a part (a signal without its round)
+is logged and treated as absent, and so is one written for another model
+(tensors this model lacks, or of other shapes): the client starts fresh. A
+partition id (or node id) that is not a plain name (``[A-Za-z0-9_.-]+``
+without ``..``) never becomes part of a path: it is logged and nothing is
+kept. A plain name longer than 64 characters becomes its first 32 characters,
+``-`` and the SHA-256 of the whole name (:func:`_file_part`), so that every
+file name stays far below the 255 bytes filesystems allow.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import cast
@@ -61,11 +70,32 @@ def _plain_name(value: object) -> str | None:
     return None
 
 
+# A plain name this long or shorter is used as it is; a longer one is shortened (_file_part).
+_LONGEST_PLAIN = 64
+
+
+def _file_part(who: str) -> str:
+    """The partition/node id's part of a file name: ``who``, or a short stable name for a long one.
+
+    Collision-free: a name of at most 64 characters is kept as it is; a
+    longer one becomes its first 32 characters, ``-`` and the 64 hex digits
+    of its SHA-256, 97 characters. The two forms differ in length, so they
+    never meet, and two long names share a file only if their SHA-256 do.
+    """
+    if len(who) <= _LONGEST_PLAIN:
+        return who
+    return f"{who[:32]}-{hashlib.sha256(who.encode('utf-8')).hexdigest()}"
+
+
 def state_path(context: Context, config: Mapping) -> Path | None:
     """Where this client keeps its state for the run named in ``config``; ``None``: nowhere."""
     folder = context.node_config.get(STATE_DIR_KEY) or context.run_config.get(STATE_DIR_KEY)
     key = config.get(KEY_RUN)
     if not folder or key is None:
+        return None
+    if "\x00" in str(folder):  # no OS call takes it (ValueError, not OSError)
+        _warn_once("folder", repr(folder), "LIPS: the %s %r holds a NUL character: client state "
+                   "not kept on disk", STATE_DIR_KEY, folder)
         return None
     if not is_run_key(key):  # also keeps paths inside the folder
         log(WARNING, "LIPS: malformed %s %r from the server: client state not kept on disk",
@@ -77,12 +107,28 @@ def state_path(context: Context, config: Mapping) -> Path | None:
         _warn_once("name", repr(raw), "LIPS: partition-id %r is not a plain name "
                    "([A-Za-z0-9_.-]+ without '..'): client state not kept on disk", raw)
         return None
-    return Path(str(folder)) / f"lips-client-{key}-{who}.npz"
+    return Path(str(folder)) / f"lips-client-{key}-{_file_part(who)}.npz"
+
+
+def _not_a_file(path: Path) -> bool:
+    """Whether something other than a regular file (a folder, a FIFO) is at ``path`` (logged once).
+
+    Such a thing is neither read (a FIFO would block the client) nor
+    replaced (it is not ours). OS errors (no search permission) propagate.
+    """
+    if not path.exists() or path.is_file():
+        return False
+    _warn_once("irregular", str(path), "LIPS: client state not kept on disk: %r is not a regular "
+               "file (a folder, a FIFO?); it is neither read nor replaced", str(path))
+    return True
 
 
 def _saved_round(path: Path) -> int | None:
-    """The round a state file was saved after; ``None`` if missing or unreadable (logged)."""
-    if not path.exists():
+    """The round a state file was saved after; ``None`` if missing or unreadable (logged).
+
+    OS errors (a folder that cannot be searched or read) propagate.
+    """
+    if not path.exists() or _not_a_file(path):
         return None
     try:
         meta = read_meta(path, "LIPS client state")  # the arrays are read only for the chosen file
@@ -136,16 +182,47 @@ def _records(source: Path) -> dict[str, ArrayRecord | ConfigRecord]:
     return records
 
 
-def load_state(state: RecordDict, path: Path | None, before_round: int | None) -> bool:
+def _misfit(records: Mapping[str, ArrayRecord | ConfigRecord],
+            shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    """Why the tensors of ``records`` are not of the model of ``shapes`` (at most 3 reasons)."""
+    reasons = []
+    for key, record in records.items():
+        if not isinstance(record, ArrayRecord):
+            continue
+        for name, array in record.items():
+            if name not in shapes:
+                reasons.append(f"{key} has {name!r}, which this model lacks")
+            elif tuple(array.shape) != tuple(shapes[name]):
+                reasons.append(f"{key} has {name!r} of shape {tuple(array.shape)}, this model "
+                               f"{tuple(shapes[name])}")
+    return reasons[:3]
+
+
+def load_state(state: RecordDict, path: Path | None, before_round: int | None,
+               shapes: Mapping[str, Sequence[int]] | None = None) -> bool:
     """Fill an empty ``state`` from the newest file saved before ``before_round``; whether it did.
 
     Two files are kept, the state after the last round this client trained
     and after the one before: a server resumes from the round before the
     one it crashed in, which the client may have trained already. A file
-    that is damaged or lacks a part is logged and treated as absent.
+    that is damaged or lacks a part is logged and treated as absent, and so
+    is one whose tensors do not fit ``shapes`` (name -> shape of the model
+    received, when given): the state of another model. An OS error is a
+    WARNING (once per path) and nothing is restored.
     """
     if path is None or any(key in state for key in PERSISTED):
         return False
+    try:
+        return _restore_newest(state, path, before_round, shapes)
+    except OSError as err:
+        _warn_once("load", str(path), "LIPS: client state not restored: cannot read %r (%s: %s); "
+                   "the client trains without it", str(path), type(err).__name__, err)
+        return False
+
+
+def _restore_newest(state: RecordDict, path: Path, before_round: int | None,
+                    shapes: Mapping[str, Sequence[int]] | None) -> bool:
+    """:func:`load_state` once its checks passed; OS errors propagate."""
     candidates = [(r, p) for p in (path, _previous(path)) if (r := _saved_round(p)) is not None
                   and (before_round is None or r < before_round)]
     for saved_round, source in sorted(candidates, reverse=True):
@@ -153,6 +230,11 @@ def load_state(state: RecordDict, path: Path | None, before_round: int | None) -
             records = _records(source)
         except ValueError as err:
             log(WARNING, "LIPS: client state not restored: %s", err)
+            continue
+        misfit = [] if shapes is None else _misfit(records, shapes)
+        if misfit:
+            log(WARNING, "LIPS: client state not restored: %r is of another model (%s)",
+                str(source), "; ".join(misfit))
             continue
         for key, record in records.items():
             state[key] = record
@@ -166,8 +248,10 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
 
     The file of an earlier round becomes the previous one; a file of this or
     a later round (a resumed run training a lost round again) is replaced.
-    A folder that cannot be written is logged (once per folder) and the
-    state is not saved: the round's reply is never lost to it.
+    An OS error (a folder that cannot be written, a full disk) is logged
+    (once per folder) and the state is not saved: the round's reply is never
+    lost to it. Something other than a regular file at ``path`` is logged
+    and left alone.
     """
     if path is None:
         return
@@ -178,14 +262,16 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     if not groups and not configs:
         return
     try:
+        if _not_a_file(path):
+            return
         last = _saved_round(path)
         if last is not None and last < trained_round:
             os.replace(path, _previous(path))
         write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
     except OSError as err:
         _warn_once("save", str(path.parent), "LIPS: client state not kept on disk: cannot write "
-                   "to the %s folder %r (%s: %s); training goes on without it",
-                   STATE_DIR_KEY, str(path.parent), type(err).__name__, err)
+                   "%r in the %s folder %r (%s: %s); training goes on without it",
+                   str(path), STATE_DIR_KEY, str(path.parent), type(err).__name__, err)
 
 
 __all__ = ["STATE_DIR_KEY", "load_state", "save_state", "state_path"]

@@ -60,6 +60,7 @@ from .history import HistoryLog, history_path, read_history
 from .identity import check_identity, fingerprint_mismatch, model_fingerprint
 from .lock import CheckpointLock, lock_checkpoint
 from .npz_store import (
+    path_lock,
     read_groups,
     read_meta,
     remove_stale_temporaries,
@@ -125,7 +126,19 @@ def restore_numpy_random(state: tuple) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path`` atomically (the parent folder is created)."""
+    """Write ``checkpoint`` to ``path`` atomically (the parent folder is created).
+
+    Concurrent saves to one path all succeed, and the file is always one of
+    them, whole. Threads of this process are serialized (a per-path lock,
+    :func:`~lips_flwr.persistence.npz_store.path_lock`, around the write and
+    the removal of stale temporaries): refusing them instead would fail
+    saves that are merely simultaneous, and the lock costs nothing
+    uncontended. Processes are not serialized: each writes its own
+    temporary (pid and random part in the name) and renames it into place
+    atomically, and removes only the temporaries of processes that are gone.
+    Whose save is on disk at the end is whichever renamed last; that two runs
+    do not write one checkpoint is :func:`lock_checkpoint`'s job.
+    """
     groups: dict[str, Mapping[str, np.ndarray]] = {"model": checkpoint.model}
     inertia = None
     if checkpoint.inertia is not None:
@@ -159,8 +172,9 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         name, keys, pos, has_gauss, cached = checkpoint.numpy_random
         groups["numpy-random"] = {"keys": np.asarray(keys, dtype=np.uint32)}
         meta["numpy_random"] = [str(name), int(pos), int(has_gauss), float(cached)]
-    write_groups(path, groups, meta)
-    remove_stale_temporaries(path)
+    with path_lock(path):  # one save at a time in this process: neither removes the other's temporary
+        write_groups(path, groups, meta)
+        remove_stale_temporaries(path)
 
 
 def _copies_of(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> bool:
@@ -353,8 +367,8 @@ def check_writable(path: str | os.PathLike) -> None:
     folder = Path(path).parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=temporary_prefix(path)):
-            pass
+        with path_lock(path), tempfile.NamedTemporaryFile(dir=folder, prefix=temporary_prefix(path)):
+            pass  # (named like a save's temporary: a save's cleanup must not remove it meanwhile)
     except OSError as err:
         raise ValueError(f"cannot write the LIPS checkpoint {str(path)!r}: {err}") from err
     if Path(path).is_dir():

@@ -4,6 +4,14 @@ The format of the strategy checkpoint (:mod:`lips_flwr.persistence.checkpoint`) 
 the clients' persisted state (:mod:`lips_flwr.clients.persist`). Arrays keep
 their names, order, dtype and shape (0-d too); the file is read with
 ``allow_pickle=False``, so loading one never runs code.
+
+Writers of one path take turns. Between processes nothing needs to wait:
+each writes its own temporary file (its process id and a random part in the
+name) and renames it into place, which the OS does atomically, and a process
+removes only the temporaries of processes that are gone. Within a process the
+process id no longer tells writers apart, so :func:`write_atomic` and
+:func:`remove_stale_temporaries` hold a per-path lock (:func:`path_lock`):
+one thread's cleanup never removes another's temporary mid-write.
 """
 
 from __future__ import annotations
@@ -14,14 +22,60 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import weakref
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, cast
 
 import numpy as np
 
 _META = "__meta__"
+
+
+class _PathLock:
+    """A re-entrant lock for one path (a class: a bare lock cannot be weakly referenced)."""
+
+    __slots__ = ("__weakref__", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+
+
+# Path -> its lock while some thread holds or waits for it; then collected.
+_PATH_LOCKS: weakref.WeakValueDictionary[str, _PathLock] = weakref.WeakValueDictionary()
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def _forget_path_locks() -> None:
+    """In a forked child: fresh locks (one held by a thread that did not follow would never free)."""
+    global _PATH_LOCKS, _PATH_LOCKS_GUARD
+    _PATH_LOCKS, _PATH_LOCKS_GUARD = weakref.WeakValueDictionary(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_path_locks)
+
+
+@contextmanager
+def path_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold this process's lock on ``path``: its writes and cleanups, one thread at a time.
+
+    Re-entrant (a save may hold it around :func:`write_atomic` and
+    :func:`remove_stale_temporaries`, which take it too). Keyed by the real
+    path of the folder and the file's name: the temporaries sit beside the
+    name, whatever a link at it points to.
+    """
+    target = Path(path)
+    key = os.path.join(os.path.realpath(target.parent), target.name)
+    with _PATH_LOCKS_GUARD:
+        entry = _PATH_LOCKS.get(key)
+        if entry is None:
+            entry = _PATH_LOCKS[key] = _PathLock()
+    with entry.lock:  # ``entry`` keeps the lock alive while held
+        yield
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> None:
@@ -31,20 +85,22 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
     of the machine) ``path`` holds either the old file or the new one, whole.
     The temporary file is ``.<name>.<pid>.<random>``: the writer's process id
     tells a file that a crash left behind from one being written
-    (:func:`remove_stale_temporaries`).
+    (:func:`remove_stale_temporaries`). Threads of this process writing
+    ``path`` take turns (:func:`path_lock`); other processes need not.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with path_lock(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def temporary_prefix(path: str | os.PathLike) -> str:
@@ -55,7 +111,7 @@ def temporary_prefix(path: str | os.PathLike) -> str:
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this machine (other than this process)."""
     if pid <= 0 or pid == os.getpid():
-        return False  # this process writes one file at a time: its leftovers are stale
+        return False  # this process's writers of a path take turns (path_lock): leftovers are stale
     if sys.platform == "win32":
         return True  # os.kill would terminate it: keep the file
     try:
@@ -76,16 +132,19 @@ def remove_stale_temporaries(path: str | os.PathLike, *, pid_only: bool = False)
     and stays. ``.<name>.<random>`` (no pid: checkpoint temporaries written
     before pids were in the names) goes too, unless ``pid_only``: beside a
     results file that form may be someone's own file (``.<name>.partial``).
+    This process's lock on ``path`` (:func:`path_lock`) is held meanwhile, so
+    no thread of it is writing one of those files.
     """
     target = Path(path)
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):
-        rest = stale.name[len(target.name) + 2:]
-        match = _TEMPORARY.fullmatch(rest)
-        if match is not None and _alive(int(match.group(1))):
-            continue
-        if match is None and ("." in rest or pid_only):
-            continue  # another file's temporary (``.<name>.history.jsonl.<pid>.<random>``)
-        stale.unlink(missing_ok=True)
+    with path_lock(target):
+        for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):
+            rest = stale.name[len(target.name) + 2:]
+            match = _TEMPORARY.fullmatch(rest)
+            if match is not None and _alive(int(match.group(1))):
+                continue
+            if match is None and ("." in rest or pid_only):
+                continue  # another file's temporary (``.<name>.history.jsonl.<pid>.<random>``)
+            stale.unlink(missing_ok=True)
 
 
 _TEMPORARY = re.compile(r"(\d+)\.[A-Za-z0-9_]+")
@@ -146,6 +205,6 @@ def read_groups(path: str | os.PathLike, what: str) -> tuple[dict[str, dict[str,
 
 
 __all__ = [
-    "read_groups", "read_meta", "remove_stale_temporaries", "temporary_prefix", "write_atomic",
-    "write_groups",
+    "path_lock", "read_groups", "read_meta", "remove_stale_temporaries", "temporary_prefix",
+    "write_atomic", "write_groups",
 ]
