@@ -7,6 +7,6 @@ code on a Grid whose nodes are ClientApp calls in this process),
 ``torch.func``).
 """
 
-from .grid import ENGINES, BatchedGrid, run_batched
+from .grid import ENGINES, BatchedGrid, GridObserver, run_batched
 
-__all__ = ["BatchedGrid", "ENGINES", "run_batched"]
+__all__ = ["BatchedGrid", "ENGINES", "GridObserver", "run_batched"]

@@ -23,6 +23,14 @@ What it changes is where the clients' training and evaluation run:
 
 A ClientApp that calls ``train_tensors`` directly still works on this Grid;
 its clients are then trained one after another whatever the engine.
+
+``seed`` makes a run reproducible for an app that never seeds: the
+ServerApp starts with the process-wide generators (``random``, numpy's,
+torch's) seeded from ``derive_seed(seed, 0)``, and every client call with
+them seeded from ``derive_seed(seed, 1 + partition-id, round, kind)``
+(:mod:`~lips_flwr.experiments.seeding`), the ServerApp's own states put back
+after it. ``observer`` (a :class:`GridObserver`) is told of every push and
+every delivery's replies as they happen.
 """
 
 from __future__ import annotations
@@ -30,16 +38,19 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 from uuid import uuid4
 
 import flwr.serverapp.grid.grid as _grid_module
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
+from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
 
 Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own module always has it
@@ -47,6 +58,18 @@ Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own mo
 ENGINES = ("auto", "sequential", "stacked")
 SUPERLINK_NODE_ID = 1  # the sender of every instruction, as in Flower
 CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+CALL_KINDS = {MessageType.TRAIN: 1, MessageType.EVALUATE: 2, MessageType.QUERY: 3}  # any other: 4
+
+
+class GridObserver(Protocol):
+    """What the batched Grid tells a watcher (the experiment runner) about a run, as it happens."""
+
+    def pushed(self, messages: Sequence[Message]) -> None:
+        """Instructions just pushed (message ids, source and destination set), before any client runs."""
+
+    def replied(self, replies: Sequence[Message]) -> None:
+        """The replies of one delivery, in node order, error replies included, before the strategy
+        sees them (a node left out of the round, e.g. timed out, has none)."""
 
 
 def _copy_content(content: RecordDict) -> RecordDict:
@@ -90,6 +113,12 @@ class BatchedGrid(Grid):
         With the stacked engine, the clients' forward passes under
         ``torch.autocast`` in this dtype (``torch.bfloat16``); ``None``: float32.
     run_id : int (default: 1)
+    observer : GridObserver or None (default: None)
+        Told of every push and every delivery's replies (see :class:`GridObserver`).
+    seed : int or None (default: None)
+        A non-negative int: every client call runs with the process-wide
+        generators seeded for it, and the caller's generators kept (see
+        :meth:`call_seed`); ``None``: the generators are left alone.
     """
 
     def __init__(
@@ -102,7 +131,11 @@ class BatchedGrid(Grid):
         chunk_size: int | None = None,
         autocast: torch.dtype | None = None,
         run_id: int = 1,
+        observer: GridObserver | None = None,
+        seed: int | None = None,
     ) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"`seed` must be None or an integer >= 0, got {seed!r}")
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"`num_nodes` must be an integer >= 1, got {num_nodes!r}")
         if engine not in ENGINES:
@@ -113,7 +146,8 @@ class BatchedGrid(Grid):
         if engine == "auto":
             engine = "stacked" if torch.cuda.is_available() else "sequential"
         self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
-        self.autocast = autocast
+        self.autocast, self.observer, self.seed = autocast, observer, seed
+        self._calls_made: Counter[tuple[int, str]] = Counter()  # (node, message type base): calls so far
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config)
         self.contexts = {
@@ -144,7 +178,7 @@ class BatchedGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        pushed: list[Message] = []
         for msg in messages:
             if msg.metadata.dst_node_id not in self.contexts:
                 raise ValueError(f"no node {msg.metadata.dst_node_id} in this grid")
@@ -152,8 +186,10 @@ class BatchedGrid(Grid):
             msg.metadata.__dict__["_run_id"] = self._run.run_id
             msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             self._pending[message_id] = msg
-            ids.append(message_id)
-        return ids
+            pushed.append(msg)
+        if self.observer is not None:
+            self.observer.pushed(pushed)
+        return [msg.metadata.message_id for msg in pushed]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         self._deliver()
@@ -167,11 +203,36 @@ class BatchedGrid(Grid):
         return self.pull_messages(list(self.push_messages(messages)))
 
     # -- the clients ---------------------------------------------------------------------------
-    def _call_client(self, msg: Message) -> Message:
-        """The node's ClientApp on its own copy of ``msg``; an error reply when it raises."""
+    def call_seed(self, msg: Message) -> int | None:
+        """The seed of the client call that answers ``msg`` (``None`` without ``seed``); counts the call.
+
+        ``derive_seed(seed, 1 + partition-id, round, kind)``: ``round`` is the
+        message's ``config["server-round"]`` when it is a non-negative int,
+        else the number of this node's calls of this kind so far, this one
+        included; ``kind`` is 1 for ``train``, 2 for ``evaluate``, 3 for
+        ``query``, 4 for any other message type (``"train.custom"``: train).
+        """
+        if self.seed is None:
+            return None
+        node, base = msg.metadata.dst_node_id, msg.metadata.message_type.split(".")[0]
+        self._calls_made[(node, base)] += 1
+        config = msg.content.get("config")
+        rnd = config.get("server-round") if isinstance(config, ConfigRecord) else None
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+            rnd = self._calls_made[(node, base)]
+        pid = int(self.contexts[node].node_config["partition-id"])
+        return derive_seed(self.seed, 1 + pid, rnd, CALL_KINDS.get(base, 4))
+
+    def _call_client(self, msg: Message, seed: int | None = None) -> Message:
+        """The node's ClientApp on its own copy of ``msg``; an error reply when it raises.
+
+        With ``seed``, the process-wide generators are seeded with it first.
+        """
         context = self.contexts[msg.metadata.dst_node_id]
         received = _received_copy(msg)
         try:
+            if seed is not None:
+                seed_globals(seed)
             reply = self.client_app(received, context)
         except Exception as err:  # noqa: BLE001 - as Flower's runtime: reported, not raised
             reason = f"{type(err)}:<'{err}'>\n{traceback.format_exc()}"
@@ -189,16 +250,27 @@ class BatchedGrid(Grid):
         self._pending = {}
         if not pending:
             return
+        seeds = [self.call_seed(msg) for msg in pending]  # in node order, whichever engine
+        # With a seed, the caller's (the ServerApp's) generators are kept across the calls.
+        kept = globals_kept if self.seed is not None else contextlib.nullcontext
         start = time.perf_counter()
         if self.engine == "sequential":
-            replies = [self._call_client(msg) for msg in pending]
+            replies = []
+            for msg, seed in zip(pending, seeds):
+                with kept():
+                    replies.append(self._call_client(msg, seed))
         else:
-            rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast)
-            replies = rendezvous.run([_bound(self._call_client, msg, rendezvous) for msg in pending])
+            rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
+                                    keep_generators=self.seed is not None)
+            with kept():
+                replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
+                                          for msg, seed in zip(pending, seeds)])
             self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
             self.stacked_calls += rendezvous.stacked
             self.one_by_one_calls += rendezvous.one_by_one
         self.client_seconds += time.perf_counter() - start
+        if self.observer is not None:
+            self.observer.replied(replies)
         for msg, reply in zip(pending, replies):
             self._replies[msg.metadata.message_id] = reply
 
@@ -213,6 +285,8 @@ def run_batched(
     chunk_size: int | None = None,
     autocast: torch.dtype | None = None,
     run_id: int = 1,
+    observer: GridObserver | None = None,
+    seed: int | None = None,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
 
@@ -220,12 +294,19 @@ def run_batched(
     overrides), as both sides see it under ``flwr run``. Returns the grid
     (its nodes' contexts, the time spent in clients). An exception of the
     ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
+
+    ``observer`` and ``seed``: see :class:`BatchedGrid`; with ``seed``, the
+    process-wide generators are also seeded from ``derive_seed(seed, 0)``
+    right before the ServerApp is called.
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
-                       chunk_size=chunk_size, autocast=autocast, run_id=run_id)
+                       chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
+                       seed=seed)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):
+        if seed is not None:
+            seed_globals(derive_seed(seed, 0))
         server_app(grid, context)
     return grid
 
@@ -254,11 +335,12 @@ def _received_copy(msg: Message) -> Message:
     return copy
 
 
-def _bound(call: Callable[[Message], Message], msg: Message, engine) -> Callable[[], Message]:
+def _bound(call: Callable[[Message, int | None], Message], msg: Message, seed: int | None,
+           engine) -> Callable[[], Message]:
     def client() -> Message:
         with computing_with(engine):
-            return call(msg)
+            return call(msg, seed)  # (seeded here, in this client thread's own turn)
     return client
 
 
-__all__ = ["BatchedGrid", "ENGINES", "run_batched"]
+__all__ = ["BatchedGrid", "ENGINES", "GridObserver", "run_batched"]

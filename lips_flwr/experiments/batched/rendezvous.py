@@ -37,6 +37,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
+from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
 from lips_flwr.experiments.training import evaluate_tensors, train_tensors
 
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class _Call:
     error: BaseException | None = None
     index: int = 0  # the client's place in the round (its thread's), the order calls run in
     finished: threading.Event = field(default_factory=threading.Event)  # set once its result or error is in
+    generators: GlobalsState | None = None  # the client's process-wide generators (``keep_generators``)
 
     def key(self) -> tuple:
         """Calls with equal keys can be stacked: same work, architecture, data shape and device."""
@@ -79,10 +81,19 @@ class Rendezvous:
     autocast : torch.dtype or None
         Stacked calls' forward passes under ``torch.autocast`` in this dtype
         (e.g. ``torch.bfloat16``); ``None``: float32, as the ClientApp.
+    keep_generators : bool (default: False)
+        Give every client its own process-wide generators (``random``,
+        numpy's, torch's): their states are saved when a client hands over
+        its turn and put back when it gets it again, so what a client draws
+        does not depend on the other clients. A call run alone draws from
+        its client's generators (as under the sequential engine); a stacked
+        call's dropout draws from its own seeded generator and leaves the
+        clients' untouched.
     """
 
-    def __init__(self, chunk_size: int | None = None, autocast: torch.dtype | None = None) -> None:
-        self.chunk_size, self.autocast = chunk_size, autocast
+    def __init__(self, chunk_size: int | None = None, autocast: torch.dtype | None = None,
+                 keep_generators: bool = False) -> None:
+        self.chunk_size, self.autocast, self.keep_generators = chunk_size, autocast, keep_generators
         self._cond = threading.Condition()
         self._calls: list[_Call] = []
         self._running = 0  # client threads neither waiting in a call nor finished
@@ -105,6 +116,8 @@ class Rendezvous:
             raise RuntimeError("a Rendezvous call (local_compute().train/.evaluate) from a thread the "
                                "Rendezvous did not start: make it from the ClientApp's own thread")
         call.index = self._thread.index
+        if self.keep_generators:
+            call.generators = saved_globals()
         with self._cond:
             self._calls.append(call)
             self._running -= 1
@@ -116,6 +129,8 @@ class Rendezvous:
         finally:  # (the turn is this thread's again whatever ends the wait)
             self._turn.acquire()
             self._thread.turn = True
+            if call.generators is not None:  # (a call run alone has drawn from them meanwhile)
+                restore_globals(call.generators)
         if call.error is not None:
             raise call.error
         return call.result
@@ -235,7 +250,13 @@ def _run_one_by_one(chunk: list[_Call]) -> None:
 
     for call in chunk:
         try:
-            if call.kind == "train":
+            if call.generators is not None:  # the client's own generators, as if it ran the call itself
+                restore_globals(call.generators)
+                try:
+                    call.result = _run_alone(call)
+                finally:
+                    call.generators = saved_globals()
+            elif call.kind == "train":
                 # The global RNG (dropout) seeded with the call's seed, as the client seeded it before
                 # its call: the clients' threads seeded it in turn while they arrived, so it holds
                 # whichever came last.
@@ -245,6 +266,13 @@ def _run_one_by_one(chunk: list[_Call]) -> None:
                 call.result = evaluate_tensors(call.net, call.x, call.y)
         except Exception as err:  # noqa: BLE001 - raised in the client's own thread
             call.error = err
+
+
+def _run_alone(call: _Call) -> Any:
+    """What the sequential engine runs for ``call``."""
+    if call.kind == "train":
+        return train_tensors(call.net, call.x, call.y, **call.kwargs)
+    return evaluate_tensors(call.net, call.x, call.y)
 
 
 __all__ = ["Rendezvous"]
