@@ -22,8 +22,11 @@ BatchNorm running statistics and ``num_batches_tracked`` are updated in
 place in the stacked buffers, one count per step, as in the sequential loop
 (BatchNorm with ``momentum=None`` is not supported under vmap).
 
-Forward hooks on the template's modules (e.g. :func:`~lips_flwr.experiments.training.add_dropout`)
-apply to every client; the other nets' hooks are not called. Dropout runs
+The nets must train alike (:mod:`.signature`: the same classes and
+settings, modes, ``requires_grad``, and alike forward hooks): the template's
+hooks (e.g. :func:`~lips_flwr.experiments.training.add_dropout`'s, alike on
+every net) are applied to every client's slice, as each net's own would be;
+a parameter frozen in every net stays frozen. Dropout runs
 under ``randomness="different"``: each client draws its own masks from the
 same distribution as the sequential loop, but not the same draws. The global
 RNG is seeded from ``seeds[0]`` for the call (and restored afterwards), so a
@@ -44,6 +47,7 @@ from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from ..training import augment
+from .signature import Alone, difference, model_signature
 
 Stacked = dict[str, Tensor]
 
@@ -58,8 +62,10 @@ def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tens
 
     Needed: at least one net, one ``(x, y)`` per net with as many labels as
     samples, the same architecture (class, state_dict names, shapes and
-    dtypes) for every net, and the same sample count and sample shape for
-    every client (stacked clients take the same number of steps).
+    dtypes) for every net, nets that train alike (the same model signature,
+    :mod:`.signature`, in their current modes; no hooks the stacked
+    computation cannot apply), and the same sample count and sample shape
+    for every client (stacked clients take the same number of steps).
     """
     if not nets:
         raise ValueError("no nets to stack")
@@ -74,6 +80,15 @@ def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tens
             raise ValueError(
                 f"different architectures: net {i} ({type(net).__name__}) differs from net 0 "
                 f"({type(nets[0]).__name__}): {diff}")
+    signatures = [model_signature(net) for net in nets]
+    for i, signature in enumerate(signatures):
+        alone = next((value for _, _, value in signature if isinstance(value, Alone)), None)
+        if alone is not None:
+            raise ValueError(f"net {i} cannot be stacked: {alone.reason} (the stacked computation "
+                             "cannot apply them)")
+        unlike = difference(signature, signatures[0]) if i else None
+        if unlike is not None:
+            raise ValueError(f"nets that train differently: net {i} differs from net 0: {unlike}")
     for i, (x, y) in enumerate(data):
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"client {i} has {x.shape[0]} samples but {y.shape[0]} labels")
@@ -188,12 +203,12 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
     under ``torch.autocast`` in that dtype; parameters, gradients and the
     optimizer stay in their own dtype. Not the sequential loop's numbers.
     """
+    for net in nets:
+        net.train()
     check_stackable(nets, data)
     if len(seeds) != len(nets):
         raise ValueError(f"{len(nets)} nets but {len(seeds)} seeds")
     template = nets[0]
-    for net in nets:
-        net.train()
     params, buffers = _stack(nets)
     opt = _sgd(template, params, lr, momentum, weight_decay, decay_only)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
@@ -222,10 +237,10 @@ def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Ten
                      batch_size: int = 1000,
                      autocast: torch.dtype | None = None) -> list[tuple[float, float]]:
     """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``: as in :func:`train_stacked`)."""
-    check_stackable(nets, data)
-    template = nets[0]
     for net in nets:
         net.eval()
+    check_stackable(nets, data)
+    template = nets[0]
     params, buffers = _stack(nets)
     x, y = torch.stack([x for x, _ in data]), torch.stack([y for _, y in data])
 
