@@ -60,6 +60,7 @@ push and every delivery's replies as they happen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import Counter
@@ -290,7 +291,7 @@ class BatchedGrid(Grid):
                 if timeout is None:  # nothing to abandon: in this thread
                     answered.append((msg, self._call_client(msg, seed)))
                     continue
-                call = ThreadCall(lambda msg=msg, seed=seed: self._call_client(msg, seed),  # type: ignore[misc]
+                call = ThreadCall(functools.partial(self._call_client, msg, seed),
                                   name=f"node {msg.metadata.dst_node_id}")
                 if call.wait(timeout):
                     answered.append((msg, call.outcome()))

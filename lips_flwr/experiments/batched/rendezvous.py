@@ -46,7 +46,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from lips_flwr.experiments.batched.signature import Entry, difference, model_signature
+from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference, model_signature
 from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
 from lips_flwr.experiments.training import evaluate_tensors, train_tensors
 
@@ -301,7 +301,8 @@ class Rendezvous:
         for call in calls:
             try:
                 work, signature = call.work(), call.signature()
-                groups.setdefault((work, tuple(signature)), []).append(call)
+                alone = alone_reason(signature) is not None  # (even if clients share that net)
+                groups.setdefault((work, ("alone", id(call)) if alone else tuple(signature)), []).append(call)
             except Exception as err:  # noqa: BLE001 - a malformed call fails alone
                 call.error = err
                 continue
@@ -320,12 +321,14 @@ def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> No
     from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked
 
     nets, data = [c.net for c in chunk], [(c.x, c.y) for c in chunk]
+    # models_checked: a chunk is of one group (Rendezvous._groups), whose models have one signature
     if chunk[0].kind == "train":
         settings = {k: v for k, v in chunk[0].kwargs.items() if k != "seed"}
         seeds = [int(c.kwargs.get("seed", 0)) for c in chunk]
-        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast, **settings))
+        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast,
+                                                models_checked=True, **settings))
     else:
-        results = list(evaluate_stacked(nets, data, autocast=autocast))
+        results = list(evaluate_stacked(nets, data, autocast=autocast, models_checked=True))
     for call, result in zip(chunk, results):
         call.result = result
 

@@ -92,6 +92,12 @@ def model_signature(net: nn.Module) -> list[Entry]:
     return entries
 
 
+def alone_reason(signature: list[Entry]) -> str | None:
+    """Why a model with this signature cannot be stacked with any other (``None``: it can be)."""
+    alone = next((value for _, _, value in signature if isinstance(value, Alone)), None)
+    return None if alone is None else f"{alone.reason}, which the stacked computation cannot apply"
+
+
 def difference(a: list[Entry], b: list[Entry]) -> str | None:
     """The first way signature ``a`` differs from ``b``, in words (``None`` when they are equal)."""
     for (what_a, which_a, value_a), (what_b, which_b, value_b) in zip(a, b):
@@ -178,4 +184,4 @@ def _shown(value: Any) -> str:
     return value.__name__ if isinstance(value, type) else repr(value)
 
 
-__all__ = ["Alone", "Hook", "difference", "model_signature"]
+__all__ = ["Alone", "Hook", "alone_reason", "difference", "model_signature"]

@@ -47,7 +47,7 @@ from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from ..training import augment
-from .signature import Alone, difference, model_signature
+from .signature import alone_reason, difference, model_signature
 
 Stacked = dict[str, Tensor]
 
@@ -57,7 +57,8 @@ def _layout(net: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     return [(k, tuple(v.shape), v.dtype) for k, v in net.state_dict().items()]
 
 
-def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]]) -> None:
+def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]],
+                    models_checked: bool = False) -> None:
     """Raise ``ValueError`` unless ``nets`` and ``data`` can be trained stacked.
 
     Needed: at least one net, one ``(x, y)`` per net with as many labels as
@@ -66,6 +67,8 @@ def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tens
     :mod:`.signature`, in their current modes; no hooks the stacked
     computation cannot apply), and the same sample count and sample shape
     for every client (stacked clients take the same number of steps).
+    ``models_checked``: the caller has compared the nets' signatures already
+    (the Rendezvous groups its calls by them); they are not computed again.
     """
     if not nets:
         raise ValueError("no nets to stack")
@@ -80,12 +83,11 @@ def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tens
             raise ValueError(
                 f"different architectures: net {i} ({type(net).__name__}) differs from net 0 "
                 f"({type(nets[0]).__name__}): {diff}")
-    signatures = [model_signature(net) for net in nets]
+    signatures = [] if models_checked else [model_signature(net) for net in nets]
     for i, signature in enumerate(signatures):
-        alone = next((value for _, _, value in signature if isinstance(value, Alone)), None)
+        alone = alone_reason(signature)
         if alone is not None:
-            raise ValueError(f"net {i} cannot be stacked: {alone.reason} (the stacked computation "
-                             "cannot apply them)")
+            raise ValueError(f"net {i} cannot be stacked: {alone}")
         unlike = difference(signature, signatures[0]) if i else None
         if unlike is not None:
             raise ValueError(f"nets that train differently: net {i} differs from net 0: {unlike}")
@@ -186,7 +188,8 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast
 def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]], *,
                   seeds: Sequence[int], epochs: int, lr: float = 0.1, momentum: float = 0.9,
                   batch_size: int = 100, augmentation: str = "none", weight_decay: float = 0.0,
-                  decay_only: set[str] | None = None, autocast: torch.dtype | None = None) -> list[float]:
+                  decay_only: set[str] | None = None, autocast: torch.dtype | None = None,
+                  models_checked: bool = False) -> list[float]:
     """Train every net in place on its own (x, y), like ``train_tensors``; return the mean losses.
 
     Client ``i`` gets ``train_tensors(nets[i], *data[i], seed=seeds[i], ...)``
@@ -202,10 +205,11 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
     ``autocast`` (e.g. ``torch.bfloat16``): the forward passes and losses run
     under ``torch.autocast`` in that dtype; parameters, gradients and the
     optimizer stay in their own dtype. Not the sequential loop's numbers.
+    ``models_checked``: see :func:`check_stackable`.
     """
     for net in nets:
         net.train()
-    check_stackable(nets, data)
+    check_stackable(nets, data, models_checked)
     if len(seeds) != len(nets):
         raise ValueError(f"{len(nets)} nets but {len(seeds)} seeds")
     template = nets[0]
@@ -235,11 +239,13 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
 @torch.no_grad()
 def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]],
                      batch_size: int = 1000,
-                     autocast: torch.dtype | None = None) -> list[tuple[float, float]]:
-    """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``: as in :func:`train_stacked`)."""
+                     autocast: torch.dtype | None = None,
+                     models_checked: bool = False) -> list[tuple[float, float]]:
+    """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``, ``models_checked``: as in
+    :func:`train_stacked`)."""
     for net in nets:
         net.eval()
-    check_stackable(nets, data)
+    check_stackable(nets, data, models_checked)
     template = nets[0]
     params, buffers = _stack(nets)
     x, y = torch.stack([x for x, _ in data]), torch.stack([y for _, y in data])
