@@ -8,65 +8,96 @@ is per-client overhead, not arithmetic. :class:`BatchedGrid` implements
 runs on it unchanged, and each message of a round goes through the
 *real* ClientApp (its mods and functions) with the node's own ``Context``,
 kept across rounds as a SuperNode keeps it. The replies are real reply
-``Message``\\ s, or error replies when a ClientApp raises, as Flower sends them.
+``Message``\\ s, or error replies as Flower sends them: a ClientApp that
+raises, calls ``sys.exit()`` or returns something other than a reply
+``Message`` gets its own error reply (:mod:`.calls`); only a Ctrl-C
+(``KeyboardInterrupt``) stops the run.
 
 What it changes is where the clients' training and evaluation run:
 
-- ``"sequential"``: one client after another, each in this thread, as the
-  ClientApp would run them (the fastest on a few CPU cores).
+- ``"sequential"``: one client after another, as the ClientApp would run
+  them (the fastest on a few CPU cores).
 - ``"stacked"``: every client of the round in its own thread up to the
   ClientApp's call of :func:`~lips_flwr.experiments.training.local_compute`;
   the calls are gathered and run at once, the clients' models stacked
   (:mod:`.stacked`), in chunks of ``chunk_size`` clients. A chunk
-  that does not fit in GPU memory is halved until it does.
+  that does not fit in GPU memory is halved until it does. Only calls whose
+  models train alike are stacked (:mod:`.signature`); the others run on
+  their own, exactly as the sequential engine runs them, with one WARNING
+  per run naming the difference.
 - ``"auto"`` (default): stacked on CUDA, sequential otherwise.
 
 A ClientApp that calls ``train_tensors`` directly still works on this Grid;
 its clients are then trained one after another whatever the engine.
+
+``send_and_receive(timeout=...)`` (Flower's strategies pass their
+``start(timeout=...)``) returns the replies that come in time, as Flower's
+Grid does; a node that does not answer is left out of the round, with a
+WARNING. Since the sequential engine runs one call after another, each call
+gets the whole ``timeout`` from its own start (in a thread of its own, so
+that it can be abandoned); on the stacked engine a client's time is the time
+it runs its own Python (:mod:`.rendezvous`). An abandoned call runs on, and
+its reply is discarded; its node is left out of every delivery until the
+call ends. ``pull_messages`` answers every pending message, with no time
+limit, before it returns.
+
+``seed`` makes a run reproducible for an app that never seeds: the
+ServerApp starts with the process-wide generators (``random``, numpy's,
+torch's) seeded from ``derive_seed(seed, 0)``, and every client call with
+them seeded from ``derive_seed(seed, 1 + partition-id, round, kind)``
+(:meth:`BatchedGrid.call_seed`, :mod:`~lips_flwr.experiments.seeding`), the
+ServerApp's own states put back after it. On the stacked engine each client
+keeps its own generators across its turns, so it draws what it would on the
+sequential engine, except that a stacked call's dropout draws come from a
+generator of its own (seeded from the first client's ``seed`` argument) and
+leave the client's torch generator where it was; stacked training agrees
+with sequential to rounding, not bit for bit. A run in which a call times
+out is not exactly reproducible: the abandoned call goes on drawing from the
+shared generators. ``observer`` (a :class:`GridObserver`) is told of every
+push and every delivery's replies as they happen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
-import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from logging import WARNING
+from typing import Protocol
 from uuid import uuid4
 
 import flwr.serverapp.grid.grid as _grid_module
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
+from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
 
 Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own module always has it
 
 ENGINES = ("auto", "sequential", "stacked")
 SUPERLINK_NODE_ID = 1  # the sender of every instruction, as in Flower
-CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+CALL_KINDS = {MessageType.TRAIN: 1, MessageType.EVALUATE: 2, MessageType.QUERY: 3}  # any other: 4
+Answered = list[tuple[Message, Message]]  # (instruction, reply) pairs, in node order
 
 
-def _copy_content(content: RecordDict) -> RecordDict:
-    """What a client receives: its own records (arrays' bytes are immutable and shared).
+class GridObserver(Protocol):
+    """What the batched Grid tells a watcher (the experiment runner) about a run, as it happens."""
 
-    Flower sends every node the same ``RecordDict`` object; over the wire each
-    client gets a copy, so a mod that edits its message in place (FedBN swaps
-    arrays) must not reach the other clients' messages.
-    """
-    out = RecordDict()
-    for name, record in content.items():
-        if isinstance(record, ArrayRecord):
-            out[name] = ArrayRecord(dict(record.items()), keep_input=True)
-        elif isinstance(record, MetricRecord):
-            out[name] = MetricRecord(dict(record.items()))
-        elif isinstance(record, ConfigRecord):
-            out[name] = ConfigRecord(dict(record.items()))
-        else:
-            raise TypeError(f"unsupported record {name!r} of type {type(record).__name__}")
-    return out
+    def pushed(self, messages: Sequence[Message]) -> None:
+        """Instructions just pushed (message ids, source and destination set), before any client runs."""
+
+    def replied(self, replies: Sequence[Message]) -> None:
+        """The replies of one delivery, in node order, error replies included, before the strategy
+        sees them (a node left out of the round, e.g. timed out, has none)."""
 
 
 class BatchedGrid(Grid):
@@ -90,6 +121,12 @@ class BatchedGrid(Grid):
         With the stacked engine, the clients' forward passes under
         ``torch.autocast`` in this dtype (``torch.bfloat16``); ``None``: float32.
     run_id : int (default: 1)
+    observer : GridObserver or None (default: None)
+        Told of every push and every delivery's replies (see :class:`GridObserver`).
+    seed : int or None (default: None)
+        A non-negative int: every client call runs with the process-wide
+        generators seeded for it, and the caller's generators kept (see
+        :meth:`call_seed`); ``None``: the generators are left alone.
     """
 
     def __init__(
@@ -102,7 +139,11 @@ class BatchedGrid(Grid):
         chunk_size: int | None = None,
         autocast: torch.dtype | None = None,
         run_id: int = 1,
+        observer: GridObserver | None = None,
+        seed: int | None = None,
     ) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"`seed` must be None or an integer >= 0, got {seed!r}")
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"`num_nodes` must be an integer >= 1, got {num_nodes!r}")
         if engine not in ENGINES:
@@ -113,7 +154,8 @@ class BatchedGrid(Grid):
         if engine == "auto":
             engine = "stacked" if torch.cuda.is_available() else "sequential"
         self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
-        self.autocast = autocast
+        self.autocast, self.observer, self.seed = autocast, observer, seed
+        self._calls_made: Counter[tuple[int, str]] = Counter()  # (node, message type base): calls so far
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config)
         self.contexts = {
@@ -124,9 +166,11 @@ class BatchedGrid(Grid):
         }
         self._pending: dict[str, Message] = {}
         self._replies: dict[str, Message] = {}
+        self._busy: dict[int, threading.Thread] = {}  # nodes whose abandoned call may still run
+        self._split_reported = False
         self.client_seconds = 0.0  # time spent in the clients' calls (for the benchmarks)
         self.stacked_calls = self.one_by_one_calls = 0  # the stacked engine's calls, by how they ran
-        self.first_error: str | None = None  # the first ClientApp error (its traceback), if any
+        self.first_error: str | None = None  # the first error reply's reason (with its traceback), if any
 
     # -- Grid ----------------------------------------------------------------------------------
     def set_run(self, run) -> None:
@@ -144,7 +188,7 @@ class BatchedGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        pushed: list[Message] = []
         for msg in messages:
             if msg.metadata.dst_node_id not in self.contexts:
                 raise ValueError(f"no node {msg.metadata.dst_node_id} in this grid")
@@ -152,36 +196,65 @@ class BatchedGrid(Grid):
             msg.metadata.__dict__["_run_id"] = self._run.run_id
             msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             self._pending[message_id] = msg
-            ids.append(message_id)
-        return ids
+            pushed.append(msg)
+        if self.observer is not None:
+            self.observer.pushed(pushed)
+        return [msg.metadata.message_id for msg in pushed]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        self._deliver()
-        wanted = [i for i in message_ids if i in self._replies]
-        return [self._replies.pop(i) for i in wanted]
+        self._deliver(timeout=None)
+        return self._take(message_ids)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        # Every message is answered before this returns: ``timeout`` has nothing to wait for.
-        return self.pull_messages(list(self.push_messages(messages)))
+        ids = list(self.push_messages(messages))
+        self._deliver(timeout)
+        return self._take(ids)
+
+    def _take(self, message_ids: Iterable[str]) -> list[Message]:
+        """The replies to ``message_ids`` that are in, each handed out once."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def busy_nodes(self) -> list[int]:
+        """The nodes whose call ran past its timeout and has not ended yet (left out until it does)."""
+        return [node for node, thread in self._busy.items() if thread.is_alive()]
 
     # -- the clients ---------------------------------------------------------------------------
-    def _call_client(self, msg: Message) -> Message:
-        """The node's ClientApp on its own copy of ``msg``; an error reply when it raises."""
+    def call_seed(self, msg: Message) -> int | None:
+        """The seed of the client call that answers ``msg`` (``None`` without ``seed``); counts the call.
+
+        ``derive_seed(seed, 1 + partition-id, round, kind)``: ``round`` is the
+        message's ``config["server-round"]`` when it is a non-negative int,
+        else the number of this node's calls of this kind so far, this one
+        included; ``kind`` is 1 for ``train``, 2 for ``evaluate``, 3 for
+        ``query``, 4 for any other message type (``"train.custom"``: train).
+        """
+        if self.seed is None:
+            return None
+        node, base = msg.metadata.dst_node_id, msg.metadata.message_type.split(".")[0]
+        self._calls_made[(node, base)] += 1
+        config = msg.content.get("config")
+        rnd = config.get("server-round") if isinstance(config, ConfigRecord) else None
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+            rnd = self._calls_made[(node, base)]
+        pid = int(self.contexts[node].node_config["partition-id"])
+        return derive_seed(self.seed, 1 + pid, rnd, CALL_KINDS.get(base, 4))
+
+    def _call_client(self, msg: Message, seed: int | None = None) -> Message:
+        """The node's ClientApp on its own copy of ``msg``: its reply, or an error reply (:mod:`.calls`).
+
+        With ``seed``, the process-wide generators are seeded with it first.
+        """
         context = self.contexts[msg.metadata.dst_node_id]
-        received = _received_copy(msg)
-        try:
-            reply = self.client_app(received, context)
-        except Exception as err:  # noqa: BLE001 - as Flower's runtime: reported, not raised
-            reason = f"{type(err)}:<'{err}'>\n{traceback.format_exc()}"
-            reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
-            if self.first_error is None:
-                self.first_error = reason
+        received = received_copy(msg)
+        if seed is not None:
+            seed_globals(seed)
+        reply = reply_or_error(self.client_app, received, context)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         return reply
 
-    def _deliver(self) -> None:
+    def _deliver(self, timeout: float | None) -> None:
         """Answer every pushed message (one round's worth, usually) with the chosen engine."""
         # By node: a strategy samples its nodes in a random order (Flower's FedAvg does, unseeded),
         # and the stacked engine's numbers depend on the clients' order in a stack.
@@ -189,18 +262,80 @@ class BatchedGrid(Grid):
         self._pending = {}
         if not pending:
             return
+        callable_now = [msg for msg in pending if not self._still_busy(msg.metadata.dst_node_id)]
+        seeds = [self.call_seed(msg) for msg in callable_now]  # in node order, whichever engine
         start = time.perf_counter()
         if self.engine == "sequential":
-            replies = [self._call_client(msg) for msg in pending]
+            answered = self._run_sequential(callable_now, seeds, timeout)
         else:
-            rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast)
-            replies = rendezvous.run([_bound(self._call_client, msg, rendezvous) for msg in pending])
-            self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
-            self.stacked_calls += rendezvous.stacked
-            self.one_by_one_calls += rendezvous.one_by_one
+            answered = self._run_stacked(callable_now, seeds, timeout)
         self.client_seconds += time.perf_counter() - start
-        for msg, reply in zip(pending, replies):
+        replies = [reply for _, reply in answered]
+        if self.first_error is None:
+            self.first_error = next((r.error.reason for r in replies if r.has_error()), None)
+        if self.observer is not None:
+            self.observer.replied(replies)
+        for msg, reply in answered:
             self._replies[msg.metadata.message_id] = reply
+
+    def _kept(self) -> contextlib.AbstractContextManager:
+        """With a seed, the caller's (the ServerApp's) generators are kept across client calls."""
+        return globals_kept() if self.seed is not None else contextlib.nullcontext()
+
+    def _run_sequential(self, calls: list[Message], seeds: list[int | None],
+                        timeout: float | None) -> Answered:
+        """One call after another, each with the whole ``timeout`` from its own start."""
+        answered = []
+        for msg, seed in zip(calls, seeds):
+            with self._kept():
+                if timeout is None:  # nothing to abandon: in this thread
+                    answered.append((msg, self._call_client(msg, seed)))
+                    continue
+                call = ThreadCall(functools.partial(self._call_client, msg, seed),
+                                  name=f"node {msg.metadata.dst_node_id}")
+                if call.wait(timeout):
+                    answered.append((msg, call.outcome()))
+                else:
+                    self._left_out(msg.metadata.dst_node_id, call.thread, timeout)
+        return answered
+
+    def _run_stacked(self, calls: list[Message], seeds: list[int | None], timeout: float | None) -> Answered:
+        """Every call in its own thread, their training calls gathered (:mod:`.rendezvous`)."""
+        rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
+                                keep_generators=self.seed is not None, on_split=self._report_split)
+        with self._kept():
+            replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
+                                      for msg, seed in zip(calls, seeds)], timeout=timeout,
+                                     names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
+        self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
+        self.stacked_calls += rendezvous.stacked
+        self.one_by_one_calls += rendezvous.one_by_one
+        for index, thread in rendezvous.abandoned.items():
+            self._left_out(calls[index].metadata.dst_node_id, thread, timeout)
+        return [(msg, reply) for msg, reply in zip(calls, replies) if reply is not None]
+
+    def _left_out(self, node: int, thread: threading.Thread, timeout: float | None) -> None:
+        """``node``'s call ran past ``timeout``: no reply this round, and none while the call runs."""
+        self._busy[node] = thread
+        log(WARNING, "node %d did not reply within %s s: left out of this round (its call runs on; "
+            "a late reply is discarded)", node, timeout)
+
+    def _still_busy(self, node: int) -> bool:
+        """Whether ``node``'s earlier, abandoned call still runs (then it is left out, logged)."""
+        thread = self._busy.get(node)
+        if thread is not None and thread.is_alive():
+            log(WARNING, "node %d is still running an earlier call that timed out: left out of this "
+                "round", node)
+            return True
+        self._busy.pop(node, None)
+        return False
+
+    def _report_split(self, difference: str) -> None:
+        """Log, once per run, that the stacked engine did not stack calls whose models differ."""
+        if not self._split_reported:
+            self._split_reported = True
+            log(WARNING, "%s: calls are stacked only with calls whose models train alike; the others "
+                "run on their own, as the sequential engine runs them (logged once per run)", difference)
 
 
 def run_batched(
@@ -213,6 +348,8 @@ def run_batched(
     chunk_size: int | None = None,
     autocast: torch.dtype | None = None,
     run_id: int = 1,
+    observer: GridObserver | None = None,
+    seed: int | None = None,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
 
@@ -220,12 +357,19 @@ def run_batched(
     overrides), as both sides see it under ``flwr run``. Returns the grid
     (its nodes' contexts, the time spent in clients). An exception of the
     ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
+
+    ``observer`` and ``seed``: see :class:`BatchedGrid`; with ``seed``, the
+    process-wide generators are also seeded from ``derive_seed(seed, 0)``
+    right before the ServerApp is called.
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
-                       chunk_size=chunk_size, autocast=autocast, run_id=run_id)
+                       chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
+                       seed=seed)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):
+        if seed is not None:
+            seed_globals(derive_seed(seed, 0))
         server_app(grid, context)
     return grid
 
@@ -246,19 +390,12 @@ def _task_identity(run_id: int) -> Iterator[None]:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
-def _received_copy(msg: Message) -> Message:
-    """``msg`` as a node receives it: the same metadata, its own records."""
-    copy = Message(_copy_content(msg.content), msg.metadata.dst_node_id, msg.metadata.message_type,
-                   ttl=msg.metadata.ttl, group_id=msg.metadata.group_id)
-    copy.metadata.__dict__.update(vars(msg.metadata))
-    return copy
-
-
-def _bound(call: Callable[[Message], Message], msg: Message, engine) -> Callable[[], Message]:
+def _bound(call: Callable[[Message, int | None], Message], msg: Message, seed: int | None,
+           engine) -> Callable[[], Message]:
     def client() -> Message:
         with computing_with(engine):
-            return call(msg)
+            return call(msg, seed)  # (seeded here, in this client thread's own turn)
     return client
 
 
-__all__ = ["BatchedGrid", "ENGINES", "run_batched"]
+__all__ = ["BatchedGrid", "ENGINES", "GridObserver", "run_batched"]

@@ -1,0 +1,110 @@
+"""Seeds for the process-wide random generators, and a way to keep a caller's draws its own.
+
+An app that never seeds still draws from Python's :mod:`random`, numpy's
+global generator (``np.random.*``) and torch's default generators (CPU, and
+each CUDA device). The batched Grid runs a ServerApp and every ClientApp call
+in one process, so these four streams are shared: without care, what one
+client draws depends on every call before it, and the ServerApp's draws
+(e.g. FedAvg's node sampling) on what the clients drew. These helpers let the
+Grid give every call its own seeded streams and keep the ServerApp's.
+
+Generators an app creates itself (``np.random.default_rng()``,
+``torch.Generator()``, ``random.Random()``) are not touched.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+SEED_LIMIT = 2**32  # numpy's global generator takes seeds in [0, 2**32)
+
+
+def derive_seed(*parts: int) -> int:
+    """A seed in ``[0, 2**32)`` for the sequence ``parts``: ``SeedSequence(parts).generate_state(1)``.
+
+    Different sequences give independent-looking seeds (numpy's
+    ``SeedSequence`` hashing), so ``derive_seed(seed, 1 + partition_id,
+    round, kind)`` gives every node, round and kind of call its own stream.
+    Raises ``ValueError`` unless every part is a non-negative ``int`` (not a
+    ``bool``), and there is at least one.
+    """
+    if not parts:
+        raise ValueError("derive_seed needs at least one part")
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, int) or part < 0:
+            raise ValueError(f"seed parts must be non-negative ints, got {part!r} in {parts!r}")
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
+def seed_globals(seed: int) -> None:
+    """Seed Python's ``random``, numpy's global generator and torch's default generators with ``seed``.
+
+    Torch's: ``torch.manual_seed`` (the CPU generator and every CUDA device's,
+    the latter when CUDA is initialised, or when it is, if it is not yet).
+    Raises ``ValueError`` unless ``0 <= seed < 2**32`` (numpy's limit).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"a seed must be an int in [0, 2**32), got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class GlobalsState:
+    """The states of the process-wide generators at one moment (see :func:`saved_globals`)."""
+
+    python: Any
+    numpy: Any
+    torch_cpu: torch.Tensor
+    torch_seed: int  # the CPU generator's seed, which a not-yet-initialised CUDA would be seeded with
+    cuda: list[torch.Tensor] | None  # every device's state; None when CUDA was not initialised
+
+
+def saved_globals() -> GlobalsState:
+    """The current states of ``random``, numpy's global generator and torch's CPU and CUDA generators."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return GlobalsState(random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                        torch.initial_seed(), cuda)
+
+
+def restore_globals(state: GlobalsState) -> None:
+    """Put the process-wide generators back into ``state``.
+
+    CUDA's generators get their saved states; if CUDA was not initialised
+    when ``state`` was saved, they are seeded (now, or once CUDA initialises)
+    with the CPU generator's seed of that moment, as a ``torch.manual_seed``
+    then would have left them.
+    """
+    random.setstate(state.python)
+    np.random.set_state(state.numpy)
+    torch.set_rng_state(state.torch_cpu)
+    if state.cuda is not None:
+        torch.cuda.set_rng_state_all(state.cuda)
+    else:
+        torch.cuda.manual_seed_all(state.torch_seed)
+
+
+@contextmanager
+def globals_kept() -> Iterator[None]:
+    """Within the block, draw from the process-wide generators freely; on exit they are as on entry.
+
+    Saves the states of ``random``, numpy's global generator and torch's CPU
+    (and, when initialised, CUDA) generators on entry and restores them on
+    exit, however the block ends (see :func:`restore_globals`).
+    """
+    state = saved_globals()
+    try:
+        yield
+    finally:
+        restore_globals(state)
+
+
+__all__ = ["GlobalsState", "derive_seed", "globals_kept", "restore_globals", "saved_globals", "seed_globals"]
