@@ -25,6 +25,20 @@ ENGINES = ["sequential", "stacked"]
 CLIENT_APP_RAISED_EXCEPTION, CLIENT_APP_CRASHED = 2, 8  # flwr.common.constant.ErrorCode
 
 
+@pytest.fixture(autouse=True)
+def abandoned_calls_end():
+    """Wait, after each test, for the client calls it abandoned (released at its end) to end.
+
+    They draw from the process-wide generators (``gathered_train``) when they
+    resume: left running, they would change the numbers of whichever test runs next.
+    """
+    before = set(threading.enumerate())
+    yield
+    end = time.monotonic() + 30
+    while any(t.is_alive() for t in set(threading.enumerate()) - before) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def finishes(fn, seconds: float = 60.0) -> dict:
     """``fn()``'s result or exception, run in a thread that must end within ``seconds`` (no hang)."""
     out: dict = {}
@@ -229,6 +243,7 @@ def test_push_and_pull_still_serve_a_server_app_that_uses_them_directly(engine):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("timeout", [None, 30.0])
 def test_ctrl_c_stops_a_run_whose_client_hangs(engine, timeout):
+    before = set(threading.enumerate())
     release, calls = threading.Event(), []
     grid = BatchedGrid(hanging_app(release, calls, {1}), num_nodes=3, run_config={}, engine=engine)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
@@ -239,6 +254,8 @@ def test_ctrl_c_stops_a_run_whose_client_hangs(engine, timeout):
     finally:
         timer.cancel()
         release.set()
+    # No client is left waiting for gathered calls that will never run (the stacked engine).
+    _wait_until(lambda: not any(t.is_alive() for t in set(threading.enumerate()) - before), seconds=10)
 
 
 def _wait_until(condition, seconds: float = 30.0) -> None:

@@ -124,6 +124,7 @@ class Rendezvous:
         self._timeout: float | None = None
         self._names: Sequence[str] = ()
         self.abandoned: dict[int, threading.Thread] = {}  # clients past their timeout, by index
+        self._stopped: BaseException | None = None  # what stopped the leader (a Ctrl-C), if anything
         self.stacked = 0  # calls run stacked with others
         self.one_by_one = 0  # calls run alone (a group of one, or after a stacked chunk failed)
 
@@ -147,6 +148,8 @@ class Rendezvous:
             if call.index in self.abandoned:
                 raise RuntimeError("this client ran past its timeout and was left out of the round: "
                                    "its calls are not run")
+            if self._stopped is not None:
+                raise RuntimeError(f"the round was stopped ({self._stopped!r}): its calls are not run")
             self._calls.append(call)
             self._running -= 1
             self._give_turn()
@@ -191,6 +194,7 @@ class Rendezvous:
         results: list[Any] = [None] * len(clients)
         errors: list[BaseException] = []
         self._timeout, self._held, self.abandoned = timeout, [0.0] * len(clients), {}
+        self._stopped = None
         self._names = names or [f"client {i}" for i in range(len(clients))]
 
         def client_thread(i: int) -> None:
@@ -218,6 +222,22 @@ class Rendezvous:
                    for i in range(len(clients))]
         for thread in threads:
             thread.start()
+        try:
+            failure = self._lead(threads)
+        except BaseException as stop:  # a Ctrl-C while the leader waits: no client left waiting
+            self._release_waiting(stop)
+            raise
+        for i, thread in enumerate(threads):
+            if i not in self.abandoned:
+                thread.join()
+        if failure is not None:
+            raise failure
+        if errors:
+            raise errors[0]
+        return [None if i in self.abandoned else result for i, result in enumerate(results)]
+
+    def _lead(self, threads: list[threading.Thread]) -> BaseException | None:
+        """Run the gathered calls until every client thread has finished; what failed them, if anything."""
         failure: BaseException | None = None  # raised by running gathered calls (a stop, a bug)
         while True:
             with self._cond:
@@ -244,14 +264,16 @@ class Rendezvous:
                 self._running += len(calls)
             for call in calls:
                 call.finished.set()
-        for i, thread in enumerate(threads):
-            if i not in self.abandoned:
-                thread.join()
-        if failure is not None:
-            raise failure
-        if errors:
-            raise errors[0]
-        return [None if i in self.abandoned else result for i, result in enumerate(results)]
+        return failure
+
+    def _release_waiting(self, stop: BaseException) -> None:
+        """Fail every gathered call and every later one, so that no client thread waits for ever."""
+        with self._cond:
+            self._stopped = stop
+            calls, self._calls = self._calls, []
+        for call in calls:
+            call.error = RuntimeError(f"the round was stopped ({stop!r}): its calls are not run")
+            call.finished.set()
 
     def _time_left(self) -> float | None:
         """Seconds until the client holding the turn runs past the timeout (``None``: nothing to time)."""
