@@ -25,7 +25,7 @@ interleaved round-robin. Reported per case:
 - extra peak memory: tracemalloc peak of the LIPS call minus that of the bare
   call, for 10, 50 and 100 replies, in MB and in model sizes (float32 bytes).
 
-Then the masking throughput: ``lips_flwr.core.masking.sparsify`` on the model's
+Then the masking throughput: ``lips_flwr.core.masking.mask_layers`` on the model's
 middle layers, in bytes of those layers per second, against ``np.copy`` of the
 same arrays (a memory-bandwidth baseline).
 
@@ -56,7 +56,7 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.core.layers import select_layers
-from lips_flwr.core.masking import model_update, sparsify
+from lips_flwr.core.masking import mask_layers, model_update
 from lips_flwr.strategies import LIPS, LegacyLIPS
 
 try:  # Messages built by configure_train need the identity of a running task
@@ -216,9 +216,9 @@ def masking_throughput(model_name: str, reps: int) -> dict:
     variants = {
         "np.copy": lambda: [np.copy(a) for a in arrays],
         "dw = new - old": lambda: model_update(new, prev, layers),
-        "sparsify sensitivity": lambda: sparsify(new, layers, 0.5, score="sensitivity", updates=updates),
-        "sparsify magnitude": lambda: sparsify(new, layers, 0.5, score="magnitude"),
-        "sparsify random": lambda: sparsify(new, layers, 0.5, score="random"),
+        "sparsify sensitivity": lambda: mask_layers(new, layers, 0.5, score="sensitivity", updates=updates),
+        "sparsify magnitude": lambda: mask_layers(new, layers, 0.5, score="magnitude"),
+        "sparsify random": lambda: mask_layers(new, layers, 0.5, score="random"),
     }
     times = paired_times(variants, reps)
     return {"model": model_name, "bytes": size, "layers": len(layers),

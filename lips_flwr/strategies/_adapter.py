@@ -23,6 +23,7 @@ import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from logging import ERROR, INFO, WARNING
+from types import MappingProxyType
 from typing import Any, TypedDict, TypeVar
 
 import numpy as np
@@ -94,7 +95,7 @@ class LIPSAdapter:
     _lips_headers: tuple[Any, ModelHeaders, list] | None = None
     # name -> .npy header the replies sent last round where their dtype was not the
     # global model's (ModelHeaders' `replied`: the fast path of the next round's checks).
-    _lips_replied: dict[str, bytes] = {}  # replaced, never mutated: no shared state
+    _lips_replied: Mapping[str, bytes] = MappingProxyType({})  # replaced, never mutated
 
     # ------------------------------------------------------------ construction
     def _init_lips(self, options: Mapping[str, Any]) -> None:
@@ -105,11 +106,6 @@ class LIPSAdapter:
                             f"the LIPS options are {[*CORE_OPTIONS, *CHECKPOINT_OPTIONS]}")
         self.core = LIPSCore(**{k: v for k, v in options.items() if k in CORE_OPTIONS})
         self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False))
-
-    @property
-    def sparsifier(self) -> LIPSCore:
-        """The name of :attr:`core` before 0.2."""
-        return self.core
 
     def summary(self) -> None:
         """Log the LIPS settings in Flower's log-tree style."""

@@ -30,6 +30,7 @@ from flwr.server.strategy import FedAvg, Strategy
 from .._npy import read_npy
 from ..core.checks import names_problem
 from ..persistence.checkpoint import Checkpoint
+from ..protocol import KEY_CLIENT_ZEROS
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._reply_checks import (
     ModelHeaders,
@@ -50,7 +51,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
     """The legacy API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
     param_names: list[str] | None
-    _lips_shapes: dict[str, tuple[int, ...]] | None = None  # of the current global model
     _lips_resumed: Checkpoint | None = None
 
     def _init_legacy(self, param_names: Any, lips: dict[str, Any]) -> None:
@@ -102,7 +102,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
                 f"got {parameters.tensor_type!r}"
             )
         extra = self._begin_round(server_round, parameters)
-        self._lips_shapes = {n: a.shape for n, a in self._views(parameters).items()}
         instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
 
@@ -164,7 +163,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
 
         parameters, metrics, lips_metrics = self._aggregate_round(
             server_round, results, aggregate, culprit, drop,
-            lambda: sum("lips-client-zeros" in (res.metrics or {}) for _, res in results))
+            lambda: sum(KEY_CLIENT_ZEROS in (res.metrics or {}) for _, res in results))
         if last:  # no configure_fit follows to save the final model
             model = parameters if parameters is not None else self._lips_previous
             if model is not None:

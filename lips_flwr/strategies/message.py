@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from .._records import array_of, numpy_to_record, record_to_numpy, record_views
+from ..protocol import KEY_CLIENT_ZEROS
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
 from ._message_loop import empty_history, history_from_json, run_start
 from ._message_replies import (
@@ -255,7 +256,7 @@ def _sender(msg: Message) -> str:
 def _client_reports(replies: list[Message]) -> int:
     """How many replies carry ``lips-client-zeros`` (client mode: clients that masked)."""
     return sum(
-        any("lips-client-zeros" in m for _, m in records(msg, MetricRecord))
+        any(KEY_CLIENT_ZEROS in m for _, m in records(msg, MetricRecord))
         for msg in replies if not msg.has_error()
     )
 
