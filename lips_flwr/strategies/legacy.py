@@ -17,10 +17,8 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     FitIns,
-    FitRes,
     Parameters,
     Scalar,
-    ndarray_to_bytes,
     ndarrays_to_parameters,
 )
 from flwr.server.client_manager import ClientManager
@@ -30,16 +28,9 @@ from flwr.server.strategy import FedAvg, Strategy
 from .._npy import read_npy
 from ..core.checks import names_problem
 from ..persistence.checkpoint import Checkpoint
-from ..protocol import KEY_CLIENT_ZEROS
 from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._reply_checks import (
-    ModelHeaders,
-    culprit_among,
-    fast_reply_problem,
-    num_examples_problem,
-    round_dtypes,
-)
 from ._wrappers import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
+from .replies.legacy_access import LegacyReplies
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
@@ -118,53 +109,16 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
 
         Results keep the order they came in (``tau0=0`` reproduces the wrapped
-        strategy bit for bit); those that fail the checks of the
-        Message API adapter (:func:`._reply_checks.reply_problem`), or make
-        the aggregate non-finite, move to ``failures``; arrays in another
-        dtype than most results' are cast first.
+        strategy bit for bit); those that fail the reply gate's checks
+        (:mod:`.replies.gate`, as in the Message API), or make the aggregate
+        non-finite, move to ``failures``; arrays in another dtype than most
+        results' are cast first.
         """
         server_round = self._round(server_round)
-        last = server_round == self.core.schedule.num_rounds
-        failures = list(failures)
-        results = list(results)
-        if self._lips_previous is not None:
-            headers = self._model_headers()
-            dtypes: dict[int, Mapping[str, np.dtype]] = {}
-
-            def problem(result: tuple[ClientProxy, FitRes]) -> tuple[str, str | None]:
-                reason, dtypes[id(result)] = self._result_problem(result, headers)
-                return f"client {result[0].cid}", reason
-
-            results, dropped = self._checked(results, problem)
-            failures.extend(dropped)
-            chosen = self._cast_results(results, [dtypes[id(r)] for r in results], headers.dtype)
-            first = dict(zip(headers.names, results[0][1].parameters.tensors)) if results else None
-            self._remember_replied(headers, chosen, first)
-        inner = super().aggregate_fit  # type: ignore[misc]
-
-        def drop(result: tuple[ClientProxy, FitRes], reason: str) -> None:
-            self._log_drop(f"client {result[0].cid}", reason)
-            failures.append(result)
-
-        # DP wrappers rebind a result's parameters (clipped): a retry needs them as they came.
-        saved = [(res, res.parameters, list(res.parameters.tensors)) for _, res in results]
-        calls: list[int] = []
-
-        def aggregate(kept: FitResults) -> tuple[Parameters | None, dict[str, Scalar]]:
-            if calls:  # a retry
-                _restore_results(saved)
-            calls.append(len(kept))
-            return inner(server_round, kept, failures)
-
-        def culprit(kept: FitResults) -> tuple[int, str] | None:
-            _restore_results(saved)
-            return culprit_among([self._views(res.parameters) for _, res in kept],
-                                 [res.num_examples for _, res in kept])
-
-        parameters, metrics, lips_metrics = self._aggregate_round(
-            server_round, results, aggregate, culprit, drop,
-            lambda: sum(KEY_CLIENT_ZEROS in (res.metrics or {}) for _, res in results))
-        if last:  # no configure_fit follows to save the final model
+        access = LegacyReplies(results, list(failures), server_round, self._views,
+                               super().aggregate_fit)  # type: ignore[misc]
+        parameters, metrics, lips_metrics = self._aggregate_round(server_round, access)
+        if server_round == self.core.schedule.num_rounds:  # no configure_fit follows to save the final model
             model = parameters if parameters is not None else self._lips_previous
             if model is not None:
                 self._save_checkpoint(server_round, model)
@@ -173,34 +127,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         if parameters is None:
             return parameters, metrics if metrics is not None else {}
         return parameters, {**(metrics or {}), **lips_metrics}
-
-    def _result_problem(
-        self, result: tuple[ClientProxy, FitRes], headers: ModelHeaders
-    ) -> tuple[str | None, Mapping[str, np.dtype]]:
-        _, res = result
-        names, tensors = headers.names, res.parameters.tensors
-        if len(tensors) != len(names):
-            return f"{len(tensors)} arrays, expected {len(names)}", {}
-        known = headers.dtypes_in_order(tensors)  # the usual case: no name -> bytes dict to build
-        if known is not None:
-            return num_examples_problem(res.num_examples, "num_examples"), known
-        return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
-
-    def _cast_results(
-        self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-    ) -> Mapping[str, np.dtype]:
-        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.round_dtypes`);
-        the dtypes chosen."""
-        chosen, mixed = round_dtypes(dtypes, previous)
-        if not mixed:
-            return chosen
-        for (_, res), found in zip(results, dtypes):
-            for i, (name, dtype) in enumerate(found.items()):
-                if dtype != chosen[name]:
-                    # astype(order="C"), not ascontiguousarray: that makes a 0-d buffer 1-d
-                    data = read_npy(res.parameters.tensors[i]).astype(chosen[name], order="C")
-                    res.parameters.tensors[i] = ndarray_to_bytes(data)
-        return chosen
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -218,12 +144,10 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self, server_round: int, results: EvaluateResults, failures: EvaluateFailures
     ) -> tuple[float | None, dict[str, Scalar]]:
         """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures."""
-        failures = list(failures)
-        results, dropped = self._checked(results, lambda r: (
-            f"client {r[0].cid}", num_examples_problem(r[1].num_examples, "num_examples")))
-        failures.extend(dropped)
+        access = LegacyReplies(results, list(failures), server_round)
+        results = self._lips_gate.admit_evaluate(access)
         return super().aggregate_evaluate(  # type: ignore[misc]
-            self._round(server_round), results, failures)
+            self._round(server_round), results, access.failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
@@ -281,13 +205,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         if kind == "parameters":
             return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
         return super()._from_state(kind, arrays)
-
-
-def _restore_results(saved: list[tuple[FitRes, Parameters, list[bytes]]]) -> None:
-    """Put each result's parameters back as they came (a DP wrapper may have rebound them)."""
-    for res, parameters, tensors in saved:
-        res.parameters = parameters
-        parameters.tensors[:] = tensors
 
 
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):

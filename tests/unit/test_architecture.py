@@ -51,7 +51,8 @@ def imports_any(path: Path, prefixes: tuple[str, ...]) -> list[str]:
     return sorted(n for n in imported(path) if any(n == p or n.startswith(p + ".") for p in prefixes))
 
 
-FLWR_FREE = modules("core", "protocol.py", "persistence", "_npy.py", "strategies/_reply_checks.py")
+FLWR_FREE = modules("core", "protocol.py", "persistence", "_npy.py", "strategies/replies/checks.py",
+                    "strategies/replies/headers.py", "strategies/replies/dtypes.py")
 
 
 @pytest.mark.parametrize("path", FLWR_FREE, ids=lambda p: str(p.relative_to(PACKAGE)))
