@@ -5,7 +5,7 @@ strategy is given the names in the order clients send them
 (``list(net.state_dict().keys())``); without names it uses positions and the
 default rank-based layer rule, which needs no names. Only what is particular
 to the legacy API is here; the round's sequence is
-:class:`._adapter.LIPSAdapter`'s.
+:class:`.base.LIPSAdapter`'s; the reply checks are the gate's (:mod:`..replies`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 
-from .._npy import read_npy
-from ..core.checks import names_problem
-from ..persistence.checkpoint import Checkpoint
-from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._wrappers import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
-from .replies.legacy_access import LegacyReplies
+from ..._npy import read_npy
+from ...core.checks import names_problem
+from ...persistence.checkpoint import Checkpoint
+from ..options import LIPSOptions, split_options
+from ..replies.legacy_access import LegacyReplies
+from .base import LIPSAdapter
+from .delegation import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
@@ -41,6 +42,7 @@ _NAMES_HINT = "pass the names in the order the clients send them (e.g. list(net.
 class _LegacyLIPSMixin(LIPSAdapter):
     """The legacy API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
+    SAVE_AFTER_LAST_ROUND = True  # Flower's legacy Server calls no configure_fit after the last round
     param_names: list[str] | None
     _lips_resumed: Checkpoint | None = None
 
@@ -110,7 +112,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
 
         Results keep the order they came in (``tau0=0`` reproduces the wrapped
         strategy bit for bit); those that fail the reply gate's checks
-        (:mod:`.replies.gate`, as in the Message API), or make the aggregate
+        (:mod:`..replies.gate`, as in the Message API), or make the aggregate
         non-finite, move to ``failures``; arrays in another dtype than most
         results' are cast first.
         """
@@ -118,12 +120,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         access = LegacyReplies(results, list(failures), server_round, self._views,
                                super().aggregate_fit)  # type: ignore[misc]
         parameters, metrics, lips_metrics = self._aggregate_round(server_round, access)
-        if server_round == self.core.schedule.num_rounds:  # no configure_fit follows to save the final model
-            model = parameters if parameters is not None else self._lips_previous
-            if model is not None:
-                self._save_checkpoint(server_round, model)
-                if parameters is not None:
-                    self._lips_keeper.report(lips_metrics)
         if parameters is None:
             return parameters, metrics if metrics is not None else {}
         return parameters, {**(metrics or {}), **lips_metrics}

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from ._cache_sync import strategy_chain
+from ..chain import strategy_chain
 
 # ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]

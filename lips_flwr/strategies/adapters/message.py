@@ -2,8 +2,9 @@
 
 Only what is particular to the Message API is here: ArrayRecords as
 ``name -> ndarray`` and back, how a reply carries its arrays and weight,
-and the ``start()`` loop (fresh or resumed, :mod:`._message_loop`). The
-round's sequence is :class:`._adapter.LIPSAdapter`'s.
+and the ``start()`` loop (fresh or resumed, :mod:`.message_loop`). The
+round's sequence is :class:`.base.LIPSAdapter`'s; the reply checks are the
+gate's (:mod:`..replies`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
-from .._records import array_of, numpy_to_record, record_to_numpy, record_views
-from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._message_loop import empty_history, history_from_json, run_start
-from ._wrappers import MessageWrapper
-from .replies.message_access import MessageReplies
-from .replies.message_records import in_arrival_order, record_bytes
+from ..._records import array_of, numpy_to_record, record_to_numpy, record_views
+from ..chain import strategy_chain
+from ..options import LIPSOptions, split_options
+from ..replies.message_access import MessageReplies
+from ..replies.message_records import in_arrival_order, record_bytes
+from .base import LIPSAdapter
+from .delegation import MessageWrapper
+from .message_loop import empty_history, history_from_json, run_start
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
@@ -32,7 +35,7 @@ if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
 class _LIPSMixin(LIPSAdapter):
     """The Message API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
-    # Rounds: these methods get the schedule's rounds from start()'s loop (._message_loop).
+    # Rounds: these methods get the schedule's rounds from start()'s loop (.message_loop).
 
     def start(  # pylint: disable=too-many-arguments
         self,
@@ -87,14 +90,14 @@ class _LIPSMixin(LIPSAdapter):
         as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
         reply that does not fit the global model, or whose records differ
         from most others', is dropped with a logged reason
-        (:mod:`.replies.gate`); an array in another dtype than most
+        (:mod:`..replies.gate`); an array in another dtype than most
         replies' is cast first. Error replies pass on to the wrapped
         strategy, which counts them as failures.
         """
         access = MessageReplies(list(replies), server_round, self._weight_key(),
                                 super().aggregate_train)  # type: ignore[misc]
         arrays, metrics, lips_metrics = self._aggregate_round(server_round, access)
-        if arrays is not None:
+        if arrays is not None:  # the round's lips-* metrics join the wrapped strategy's
             metrics = MetricRecord() if metrics is None else metrics
             for key, value in lips_metrics.items():
                 metrics[key] = value
@@ -106,6 +109,14 @@ class _LIPSMixin(LIPSAdapter):
         usable = self._lips_gate.admit_evaluate(access)
         return super().aggregate_evaluate(  # type: ignore[misc]
             server_round, in_arrival_order(access.replies, usable))
+
+    def _weight_key(self) -> str | None:
+        """The metric the wrapped chain weights replies by (Message FedAvg's ``weighted_by_key``)."""
+        for inner in strategy_chain(self):
+            key = getattr(inner, "weighted_by_key", None)
+            if isinstance(key, str):
+                return key
+        return None
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
