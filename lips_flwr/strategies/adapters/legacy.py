@@ -224,6 +224,8 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         constructor; after a resume run
         ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's loop counts
         from 1; LIPS passes the schedule's round on to the wrapped strategy).
+        A checkpoint holds the wrapped strategies' declared state, as for
+        :class:`~lips_flwr.strategies.LIPS` (``lips_state``).
     """
 
     def __init__(

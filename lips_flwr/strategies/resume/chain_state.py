@@ -1,22 +1,31 @@
-"""The wrapped strategies' state in a checkpoint, found and put back generically.
+"""What a checkpoint holds of the wrapped strategies: a declared contract, and its restore.
 
 A LIPS strategy wraps a chain of strategies (``LIPS(DP(FedAvgM(...)))``)
 whose state evolves during a run: model copies and momenta (FedAvgM's
-``momentum_vector``, FedAdam's ``m_t``/``v_t``, DP's ``current_arrays``), numbers
-(the adaptive clipping norm) and objects with a ``state_dict`` (the privacy
-accountant). What is saved, per strategy of the chain:
+``momentum_vector``, FedAdam's ``m_t``/``v_t``), numbers (the adaptive
+clipping norm) and objects with a ``state_dict`` (the privacy accountant).
+Each strategy of the chain declares its state (:func:`declared_state`):
 
-* arrays: every attribute holding model-shaped values (an ArrayRecord,
-  Parameters, a dict or list of ndarrays), whatever their value;
-* numbers and strings that changed since the run began: evolved state, not
-  settings, so a resumed strategy keeps the settings it is built with;
-* objects with ``state_dict()``/``load_state_dict()`` whose state is JSON.
+* Flower's own strategies by the table of :mod:`.flower_state`;
+* any strategy class by two class attributes, read along its bases:
+  ``lips_state = ("attr", ...)``, attributes to save, and
+  ``lips_state_exclude = ("attr", ...)``, attributes to leave out (a
+  subclass of a Flower strategy adds to or takes from Flower's row).
+
+A declared attribute is saved as model-shaped arrays (an ArrayRecord,
+Parameters, a dict or list of ndarrays), a number, string, bool or ``None``,
+or an object's JSON ``state_dict()`` (restored with ``load_state_dict``).
+Nothing else is saved: what a chain holds beyond its declared state that a
+checkpoint could save (model-shaped values, such objects, numbers and strings
+changed since the run began) is named in a warning at the first save that
+finds it (:func:`undeclared_state`), and a resumed run starts it as built.
 
 The chain's classes must be the same on resume (``ValueError`` otherwise);
 its scalar settings may differ, with a warning naming each difference. What
 is put back is checked first (:func:`restore_state`): model-shaped state
 against the checkpoint's model, values against the kind of the attribute
-they replace; each restored value is named in a warning.
+they replace; each restored value that differs from the one the strategy
+was built with is named in a warning.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -32,6 +41,7 @@ import numpy as np
 from flwr.common import log
 
 from ..chain import strategy_chain
+from .flower_state import FLOWER_STATE
 
 # ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]
@@ -61,6 +71,39 @@ def chain_classes(owner: Any) -> list[str]:
     return [type(inner).__name__ for inner in strategy_chain(owner)]
 
 
+def declared_state(strategy: Any) -> tuple[tuple[str, ...], frozenset[str]]:
+    """``(state, left out)``: the attributes of ``strategy`` a checkpoint saves, and those it leaves out.
+
+    Read along the strategy's classes from its bases down: Flower's row
+    (:data:`.flower_state.FLOWER_STATE`), then the class's own ``lips_state``
+    and ``lips_state_exclude``; a class further down overrides its bases.
+    """
+    state: dict[str, None] = {}
+    left_out: set[str] = set()
+    for cls in reversed(type(strategy).__mro__):
+        keep, rewritten = FLOWER_STATE.get(cls, ((), ()))
+        for name in (*keep, *_declared(cls, "lips_state")):
+            state[name] = None
+            left_out.discard(name)
+        for name in (*rewritten, *_declared(cls, "lips_state_exclude")):
+            state.pop(name, None)
+            left_out.add(name)
+    return tuple(state), frozenset(left_out)
+
+
+def check_declarations(owner: Any) -> None:
+    """``TypeError`` for a ``lips_state``/``lips_state_exclude`` of the chain that is not a tuple of names."""
+    for inner in strategy_chain(owner):
+        declared_state(inner)
+
+
+def _declared(cls: type, attribute: str) -> tuple[str, ...]:
+    names = vars(cls).get(attribute, ())
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of attribute names, got {names!r}")
+    return tuple(names)
+
+
 def _attributes(owner: Any) -> dict[str, tuple[Any, str]]:
     """``"depth.Class.attribute" -> (strategy, attribute)`` over the chain (not LIPS's own)."""
     out = {}
@@ -69,6 +112,13 @@ def _attributes(owner: Any) -> dict[str, tuple[Any, str]]:
             if attribute != "strategy" and not attribute.startswith("_lips"):
                 out[f"{depth}.{type(inner).__name__}.{attribute}"] = (inner, attribute)
     return out
+
+
+def _chain_keys(owner: Any) -> Iterator[tuple[str, Any, str]]:
+    """``("depth.Class.attribute", strategy, attribute)`` of every declared attribute of the chain."""
+    for depth, inner in enumerate(strategy_chain(owner)):
+        for attribute in declared_state(inner)[0]:
+            yield f"{depth}.{type(inner).__name__}.{attribute}", inner, attribute
 
 
 def _scalar(value: Any) -> Any:
@@ -108,26 +158,52 @@ def _object_state(value: Any) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple[dict, dict]:
-    """``(arrays, meta)`` of the chain's state; ``settings`` is :func:`scalar_settings` at the run's start."""
-    arrays, scalars, objects = {}, {}, {}
-    for key, (inner, attribute) in _attributes(owner).items():
-        value = getattr(inner, attribute)
-        found = to_state(value)
-        if found is not None:
-            arrays[key] = found
-            continue
-        scalar = _scalar(value)
-        if scalar is not _NOT_SCALAR:
-            if key not in settings or settings[key] != scalar:
-                scalars[key] = scalar
-            continue
-        state = _object_state(value)
-        if state is not None:
-            objects[key] = state
+def _as_state(value: Any, to_state: ToState) -> tuple[str | None, Any]:
+    """``(part, saved)``: ``value`` as checkpoint state in ``part`` (arrays, scalars, objects), or nothing."""
+    found = to_state(value)
+    if found is not None:
+        return "arrays", found
+    scalar = _scalar(value)
+    if scalar is not _NOT_SCALAR:
+        return "scalars", scalar
+    state = _object_state(value)
+    return ("objects", state) if state is not None else (None, None)
+
+
+def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
+    """``(arrays, meta, unsaved)``: the chain's declared state, and the keys of declared attributes
+    that are missing or hold nothing a checkpoint saves (``settings``: :func:`scalar_settings` at
+    the run's start)."""
+    parts: dict[str, dict] = {"arrays": {}, "scalars": {}, "objects": {}}
+    unsaved = []
+    for key, inner, attribute in _chain_keys(owner):
+        part, saved = _as_state(getattr(inner, attribute, _NOT_SCALAR), to_state)
+        if part is None:
+            unsaved.append(key)
+        else:
+            parts[part][key] = saved
     meta = {"chain": chain_classes(owner), "settings": dict(settings),
-            "scalars": scalars, "objects": objects}
-    return arrays, meta
+            "scalars": parts["scalars"], "objects": parts["objects"]}
+    return parts["arrays"], meta, unsaved
+
+
+def undeclared_state(owner: Any, to_state: ToState, baseline: Mapping[str, Any]) -> list[str]:
+    """Keys of what the chain holds beyond its declared state that a checkpoint could save.
+
+    Model-shaped values and objects with a JSON ``state_dict()``, and numbers
+    and strings that differ from ``baseline`` (:func:`scalar_settings` when
+    the run began: settings are not state), unless declared left out.
+    """
+    declared = {id(inner): declared_state(inner) for inner in strategy_chain(owner)}
+    found = []
+    for key, (inner, attribute) in _attributes(owner).items():
+        state, left_out = declared[id(inner)]
+        if attribute in state or attribute in left_out:
+            continue
+        part, saved = _as_state(getattr(inner, attribute), to_state)
+        if part is not None and (part != "scalars" or baseline.get(key, _NOT_SCALAR) != saved):
+            found.append(key)
+    return found
 
 
 def shape_problem(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
@@ -178,8 +254,8 @@ def restore_state(
     ``unshaped``, has the names and shapes of ``model`` (the checkpoint's);
     each value goes to an attribute holding a value of its kind (a number for
     a number, a string for a string, a bool for a bool; any over ``None``).
-    Each restored value is named in a warning: it replaces what the strategy
-    was built with.
+    Each restored value that differs from the strategy's is named in a
+    warning: it replaces what the strategy was built with.
     """
     meta = meta or {}
     here = _attributes(owner)
@@ -228,7 +304,8 @@ def restore_state(
                              f"({value!r}), the strategy's a {type(live).__name__} ({live!r}): "
                              "not written by this strategy chain")
         updates.append((inner, attribute, value))
-        restored.append(f"{key} = {value!r} (built with {live!r})")
+        if _scalar(live) != value or type(_scalar(live)) is not type(value):
+            restored.append(f"{key} = {value!r} (built with {live!r})")
     objects = [(target(key, "the state of"), key, state) for key, state in meta.get("objects", {}).items()]
     for inner, attribute, value in updates:
         setattr(inner, attribute, value)
