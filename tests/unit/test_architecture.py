@@ -6,7 +6,13 @@
 - the server side (``strategies``) and the client side (``clients``) never
   import each other; both take the ``lips-*`` keys from ``lips_flwr.protocol``,
   the only module that spells them;
-- the package does not import its example support (``experiments``).
+- the package does not import its example support (``experiments``);
+- the server side is in three wings: ``adapters`` (the strategies, the round's
+  sequence once), ``replies`` (the reply gate) and ``resume`` (checkpoints);
+  the adapters use the other two, which know neither the adapters nor each
+  other, and only the reply wing reads reply headers;
+- no class of the server side is over 200 lines, and no object rewrites its
+  own ``__class__``.
 """
 
 from __future__ import annotations
@@ -119,3 +125,53 @@ def test_the_core_exports_what_its_docstring_promises():
 
     assert {"LIPSCore", "RoundOutcome", "MaskSchedule", "mask_layers", "select_layers"} <= set(core.__all__)
     assert all(getattr(core, name) is getattr(lips_flwr, name) for name in lips_flwr.__all__)
+
+
+WINGS = ("adapters", "replies", "resume")
+
+
+@pytest.mark.parametrize("path", modules("strategies/replies", "strategies/resume"),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_gate_and_the_checkpoint_wing_know_neither_the_adapters_nor_each_other(path):
+    other = "resume" if "replies" in path.parts else "replies"
+    assert imports_any(path, ("lips_flwr.strategies.adapters", f"lips_flwr.strategies.{other}")) == []
+
+
+def test_the_server_side_is_in_its_wings():
+    top = sorted(p.name for p in (PACKAGE / "strategies").iterdir() if not p.name.startswith((".", "__py")))
+    assert top == sorted(["__init__.py", "chain.py", "options.py", *WINGS])
+
+
+# What reads a reply's .npy headers: the header reader, the checks built on it, the dtype vote.
+HEADER_READERS = ("lips_flwr._npy.npy_header", "lips_flwr._npy.npy_shape", "lips_flwr.strategies.replies.checks",
+                  "lips_flwr.strategies.replies.headers", "lips_flwr.strategies.replies.dtypes")
+
+
+@pytest.mark.parametrize("path", [p for p in modules(".") if "replies" not in p.parts],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_reply_wing_reads_reply_headers(path):
+    assert imports_any(path, HEADER_READERS) == []
+
+
+def test_the_round_sequence_takes_the_replies_and_no_callables():
+    tree = ast.parse((PACKAGE / "strategies" / "adapters" / "base.py").read_text())
+    sequence = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_aggregate_round")
+    assert [a.arg for a in sequence.args.args] == ["self", "server_round", "replies"]
+    assert "Callable" not in ast.unparse(sequence.args)
+
+
+@pytest.mark.parametrize("path", modules("strategies"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_class_of_the_server_side_is_over_200_lines(path):
+    sizes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.ClassDef)}
+    assert {name: size for name, size in sizes.items() if size > 200} == {}
+
+
+def test_no_object_rewrites_its_own_class():
+    rewrites = []
+    for path in modules("."):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            rewrites += [str(path.relative_to(PACKAGE)) for t in targets
+                         if isinstance(t, ast.Attribute) and t.attr == "__class__"]
+    assert rewrites == []

@@ -253,23 +253,25 @@ def test_the_model_headers_are_read_once_per_global_model_and_follow_a_change(ap
         strategy = LegacyLIPS(LegacyFedAvg(), param_names=list(model), num_rounds=10)
         previous = ndarrays_to_parameters(list(model.values()))
         strategy.configure_fit(2, previous, client_manager())
-    headers = strategy._model_headers()
-    assert strategy._model_headers() is headers  # read once
-    assert strategy._previous_views() is headers.views
+    model_headers = lambda: strategy._lips_gate.model_headers(strategy._lips_previous)  # noqa: E731
+    previous_views = lambda: strategy._lips_gate.previous_views(strategy._lips_previous)  # noqa: E731
+    headers = model_headers()
+    assert model_headers() is headers  # read once
+    assert previous_views() is headers.views
     name = list(model)[0]
     changed = np.zeros(model[name].shape[::-1], model[name].dtype)
     if api == "message":
         previous[name] = Array(changed)  # the caller's record changed after configure_train
     else:
         previous.tensors[0] = npy(changed)
-    fresh = strategy._model_headers()
+    fresh = model_headers()
     assert fresh is not headers and fresh.shape[name] == changed.shape
-    np.testing.assert_array_equal(strategy._previous_views()[name], changed)
+    np.testing.assert_array_equal(previous_views()[name], changed)
     if api == "message":  # a new round's global model: read again
         list(strategy.configure_train(3, to_record(model), ConfigRecord(), grid()))
     else:
         strategy.configure_fit(3, ndarrays_to_parameters(list(model.values())), client_manager())
-    assert strategy._model_headers() is not fresh
+    assert model_headers() is not fresh
 
 
 def test_replied_headers_are_a_second_fast_path_for_their_dtypes_only():
@@ -349,7 +351,7 @@ def test_replies_are_checked_against_the_global_model_as_it_is_when_they_come(ca
     previous = to_record(model)
     strategy = LIPS(FedAvg(), num_rounds=10)
     list(strategy.configure_train(2, previous, ConfigRecord(), grid()))
-    strategy._model_headers()  # read for the old shapes
+    strategy._lips_gate.model_headers(previous)  # read for the old shapes
     name = list(model)[0]
     reshaped = dict(model, **{name: np.ascontiguousarray(model[name].reshape(model[name].shape[::-1]))})
     previous[name] = Array(reshaped[name])

@@ -33,7 +33,6 @@ from ...protocol import evaluate_config, train_config
 from ..chain import inner_name, strategy_chain
 from ..options import CORE_OPTIONS, lips_options
 from ..replies.gate import ReplyAccess, ReplyGate
-from ..replies.headers import ModelHeaders
 from ..resume.chain_state import ndarray_state, ndarray_value
 from ..resume.keeper import CheckpointKeeper
 from .cache_sync import snapshot_caches, sync_cached_models
@@ -123,14 +122,6 @@ class LIPSAdapter(ABC):
     def _evaluate_keys(self, server_round: int) -> dict:
         """The ``lips-*`` keys of an evaluate config (the run key and round, when checkpointing)."""
         return evaluate_config(server_round, self._lips_keeper.run_key)
-
-    def _model_headers(self) -> ModelHeaders:
-        """The headers of the round's global model, read once per model (the gate's)."""
-        return self._lips_gate.model_headers(self._lips_previous)
-
-    def _previous_views(self) -> Model | None:
-        """``name -> ndarray`` read-only views of the round's global model (``_lips_previous``)."""
-        return self._lips_gate.previous_views(self._lips_previous)
 
     def _aggregate_round(self, server_round: int, replies: ReplyAccess[Any]) -> RoundResult:
         """admit -> inner aggregate -> core.round -> caches -> log -> checkpoint, for both APIs.

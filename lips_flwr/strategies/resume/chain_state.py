@@ -206,6 +206,43 @@ def undeclared_state(owner: Any, to_state: ToState, baseline: Mapping[str, Any])
     return found
 
 
+class ChainRecord:
+    """A run's record of its chain: the settings it began with, and what its checkpoints leave out."""
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}  # :func:`scalar_settings` when the run began
+        self._baseline: dict[str, Any] | None = None  # the same, to tell changed undeclared values
+        self._named: set[str] = set()  # the keys the log has named as left out
+
+    def begin(self, owner: Any) -> None:
+        """A run begins: its chain's settings, before any round."""
+        self.settings = scalar_settings(owner)
+        self._baseline, self._named = dict(self.settings), set()
+
+    def observe(self, owner: Any) -> None:
+        """Take the baseline now if :meth:`begin` did not (the first save comes before round 1)."""
+        if self._baseline is None:
+            self._baseline = scalar_settings(owner)
+
+    def capture(self, owner: Any, to_state: ToState, path: Any) -> tuple[dict, dict]:
+        """:func:`capture`; what it leaves out (of checkpoint ``path``) is named once per key."""
+        arrays, meta, unsaved = capture(owner, to_state, self.settings)
+        found = undeclared_state(owner, to_state, self._baseline or {})
+        undeclared = [key for key in found if key not in self._named]
+        unsaved = [key for key in unsaved if key not in self._named]
+        if undeclared:
+            log(WARNING, "LIPS: the checkpoint %s leaves out %s: the wrapped strategies hold them but do "
+                "not declare them as their state, so a resumed run starts them as built. A strategy "
+                "declares its state in its class attribute lips_state = (...), and what to leave out "
+                "in lips_state_exclude", path, ", ".join(undeclared))
+        if unsaved:
+            log(WARNING, "LIPS: the checkpoint %s cannot save the declared state %s: missing, or not "
+                "arrays, a number, string, bool, None or an object with a JSON state_dict()",
+                path, ", ".join(unsaved))
+        self._named.update(undeclared, unsaved)
+        return arrays, meta
+
+
 def shape_problem(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
     """Why model-shaped state ``tensors`` does not fit ``model``, or ``None``.
 

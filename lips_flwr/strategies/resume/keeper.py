@@ -37,16 +37,7 @@ from ...persistence.history import HistoryLog
 from ...persistence.identity import fingerprint_mismatch
 from ...persistence.lock import CheckpointLock, lock_checkpoint
 from ...protocol import new_run_key
-from .chain_state import (
-    FromState,
-    ToState,
-    capture,
-    check_declarations,
-    restore_state,
-    scalar_settings,
-    undeclared_state,
-    unshaped_state,
-)
+from .chain_state import ChainRecord, FromState, ToState, check_declarations, restore_state, unshaped_state
 from .core_state import checkpoint_of, continue_schedule, run_identity
 
 
@@ -65,11 +56,7 @@ class CheckpointKeeper:
         self.path, self.resume = validate_resume(path, resume)
         self.saved_round: int | None = None  # the round of the file on disk, written or read
         self.seconds: float | None = None  # time of the last save, not yet reported
-        self._settings: dict = {}
-        # The chain's numbers and strings before round 1 (undeclared ones that change are named),
-        # and the keys of what the checkpoint leaves out that the log has named.
-        self._baseline: dict | None = None
-        self._named: set[str] = set()
+        self._chain = ChainRecord()  # the wrapped strategies' part
         self._pending_random: Checkpoint | None = None
         # Names the run for the clients' persisted state: a new run gets a new key, a resumed one keeps it.
         self.run_key: str | None = None
@@ -89,8 +76,7 @@ class CheckpointKeeper:
         self._release()
         self.saved_round, self.seconds, self._pending_random = None, None, None
         self.run_key, self.identity, self._history = None, None, None
-        self._settings = scalar_settings(owner)  # the wrapped strategies' settings, before any round
-        self._baseline, self._named = dict(self._settings), set()
+        self._chain.begin(owner)  # the wrapped strategies' settings, before any round
         if self.path is None:
             return None
         check_declarations(owner)  # TypeError: a malformed lips_state, before any round
@@ -201,8 +187,7 @@ class CheckpointKeeper:
         """
         if self.path is None:
             return
-        if self._baseline is None:  # begin() did not run (a loop other than start()): before round 1
-            self._baseline = scalar_settings(owner)
+        self._chain.observe(owner)  # before round 1 when begin() did not run (a loop other than start())
         if server_round == 0 and self.identity is None:
             self.identity = run_identity(model, core.settings(), core.schedule.num_rounds)
         if server_round < 1 or server_round == self.saved_round:
@@ -210,8 +195,7 @@ class CheckpointKeeper:
         self._hold_lock()
         start = time.perf_counter()
         checkpoint = checkpoint_of(core, server_round, model, self.run_key)
-        checkpoint.strategy, checkpoint.strategy_meta, unsaved = capture(owner, to_state, self._settings)
-        self._name_left_out(owner, to_state, unsaved)
+        checkpoint.strategy, checkpoint.strategy_meta = self._chain.capture(owner, to_state, self.path)
         checkpoint.unshaped_state = unshaped_state(checkpoint.strategy, checkpoint.model)
         checkpoint.identity = self.identity
         checkpoint.python_random = python_random_state()
@@ -225,22 +209,6 @@ class CheckpointKeeper:
         self.seconds = time.perf_counter() - start
         if server_round >= checkpoint.num_rounds:
             self._release()  # the run is over: another may use the path
-
-    def _name_left_out(self, owner: Any, to_state: ToState, unsaved: list[str]) -> None:
-        """Name, once each, what of the chain's state the checkpoint leaves out (:mod:`.chain_state`)."""
-        found = undeclared_state(owner, to_state, self._baseline or {})
-        undeclared = [key for key in found if key not in self._named]
-        unsaved = [key for key in unsaved if key not in self._named]
-        if undeclared:
-            log(WARNING, "LIPS: the checkpoint %s leaves out %s: the wrapped strategies hold them but do "
-                "not declare them as their state, so a resumed run starts them as built. A strategy "
-                "declares its state in its class attribute lips_state = (...), and what to leave out "
-                "in lips_state_exclude", self.path, ", ".join(undeclared))
-        if unsaved:
-            log(WARNING, "LIPS: the checkpoint %s cannot save the declared state %s: missing, or not "
-                "arrays, a number, string, bool, None or an object with a JSON state_dict()",
-                self.path, ", ".join(unsaved))
-        self._named.update(undeclared, unsaved)
 
     def _hold_lock(self) -> None:
         """``ValueError`` when another run took the checkpoint over; take the lock if not held."""
