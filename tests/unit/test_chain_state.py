@@ -12,20 +12,20 @@ warning and not restored.
 from __future__ import annotations
 
 import logging
-from unittest.mock import Mock
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.app import ConfigRecord
+from flwr.common import ndarrays_to_parameters
 from flwr.server import strategy as legacy
-from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import strategy as message
 
 from flower_fakes import (
     client_manager,
     client_models,
     grid,
+    legacy_result,
+    message_reply,
     params_to_model,
     task_identity,  # noqa: F401  (fixture)
     tiny_model,
@@ -40,23 +40,6 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 CLIENTS, ROUNDS = 7, 3
 NAMES = list(tiny_model())
 LIPS_KW = dict(num_rounds=10, every=2)
-
-
-def message_reply(model, node_id, **metrics) -> Message:
-    msg = Mock(spec=Message)
-    msg.content = RecordDict({"arrays": to_record(model),
-                              "metrics": MetricRecord({"num-examples": 100, "train_loss": 0.5, **metrics})})
-    msg.has_error.return_value = False
-    msg.metadata.src_node_id = node_id
-    return msg
-
-
-def legacy_result(model, cid, **metrics):
-    proxy = Mock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy, FitRes(status=Status(code=Code.OK, message=""),
-                         parameters=ndarrays_to_parameters(list(model.values())),
-                         num_examples=100, metrics=dict(metrics))
 
 
 def run_message(strategy, path, rounds=ROUNDS, **metrics) -> None:
