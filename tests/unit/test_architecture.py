@@ -139,7 +139,7 @@ def test_the_gate_and_the_checkpoint_wing_know_neither_the_adapters_nor_each_oth
 
 def test_the_server_side_is_in_its_wings():
     top = sorted(p.name for p in (PACKAGE / "strategies").iterdir() if not p.name.startswith((".", "__py")))
-    assert top == sorted(["__init__.py", "chain.py", "options.py", *WINGS])
+    assert top == sorted(["__init__.py", "chain.py", "flower_state.py", "options.py", *WINGS])
 
 
 # What reads a reply's .npy headers: the header reader, the checks built on it, the dtype vote.

@@ -1,7 +1,7 @@
 """What a checkpoint holds of the wrapped strategies: their declared state, at this flwr.
 
 Flower's own strategies (both APIs) are run a few rounds inside LIPS with a
-checkpoint: it holds exactly the state ``lips_flwr.strategies.resume.flower_state``
+checkpoint: it holds exactly the state ``lips_flwr.strategies.flower_state``
 lists, and nothing a strategy changes goes unlisted (no "leaves out" warning).
 ``make test-lowest`` runs these at the lowest supported flwr, the main suite at
 the highest. A user's strategy declares its state with ``lips_state`` and
@@ -34,7 +34,7 @@ from flower_fakes import (
 )
 from lips_flwr.persistence.checkpoint import load_checkpoint
 from lips_flwr.strategies import LIPS, LegacyLIPS
-from lips_flwr.strategies.resume.chain_state import declared_state
+from lips_flwr.strategies.chain import declared_state
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 CLIENTS, ROUNDS = 7, 3

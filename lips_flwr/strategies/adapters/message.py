@@ -183,7 +183,7 @@ class LIPS(_LIPSMixin, MessageWrapper):
     Wrap the outermost layer: ``LIPS(DifferentialPrivacy...(FedAvg(...)))``.
     With ``checkpoint_path``, a checkpoint holds the wrapped strategies'
     declared state: Flower's own strategies' is listed in
-    :mod:`lips_flwr.strategies.resume.flower_state`; a strategy of your own
+    :mod:`lips_flwr.strategies.flower_state`; a strategy of your own
     declares its state in a class attribute, ``lips_state = ("attr", ...)``,
     and what to leave out in ``lips_state_exclude``
     (:mod:`lips_flwr.strategies.resume.chain_state`).

@@ -4,9 +4,9 @@ A LIPS strategy wraps a chain of strategies (``LIPS(DP(FedAvgM(...)))``)
 whose state evolves during a run: model copies and momenta (FedAvgM's
 ``momentum_vector``, FedAdam's ``m_t``/``v_t``), numbers (the adaptive
 clipping norm) and objects with a ``state_dict`` (the privacy accountant).
-Each strategy of the chain declares its state (:func:`declared_state`):
+Each strategy of the chain declares its state (:func:`..chain.declared_state`):
 
-* Flower's own strategies by the table of :mod:`.flower_state`;
+* Flower's own strategies by the table of :mod:`..flower_state`;
 * any strategy class by two class attributes, read along its bases:
   ``lips_state = ("attr", ...)``, attributes to save, and
   ``lips_state_exclude = ("attr", ...)``, attributes to leave out (a
@@ -40,8 +40,7 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from ..chain import strategy_chain
-from .flower_state import FLOWER_STATE
+from ..chain import declared_state, strategy_chain
 
 # ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]
@@ -69,39 +68,6 @@ def ndarray_value(kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
 
 def chain_classes(owner: Any) -> list[str]:
     return [type(inner).__name__ for inner in strategy_chain(owner)]
-
-
-def declared_state(strategy: Any) -> tuple[tuple[str, ...], frozenset[str]]:
-    """``(state, left out)``: the attributes of ``strategy`` a checkpoint saves, and those it leaves out.
-
-    Read along the strategy's classes from its bases down: Flower's row
-    (:data:`.flower_state.FLOWER_STATE`), then the class's own ``lips_state``
-    and ``lips_state_exclude``; a class further down overrides its bases.
-    """
-    state: dict[str, None] = {}
-    left_out: set[str] = set()
-    for cls in reversed(type(strategy).__mro__):
-        keep, rewritten = FLOWER_STATE.get(cls, ((), ()))
-        for name in (*keep, *_declared(cls, "lips_state")):
-            state[name] = None
-            left_out.discard(name)
-        for name in (*rewritten, *_declared(cls, "lips_state_exclude")):
-            state.pop(name, None)
-            left_out.add(name)
-    return tuple(state), frozenset(left_out)
-
-
-def check_declarations(owner: Any) -> None:
-    """``TypeError`` for a ``lips_state``/``lips_state_exclude`` of the chain that is not a tuple of names."""
-    for inner in strategy_chain(owner):
-        declared_state(inner)
-
-
-def _declared(cls: type, attribute: str) -> tuple[str, ...]:
-    names = vars(cls).get(attribute, ())
-    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
-        raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of attribute names, got {names!r}")
-    return tuple(names)
 
 
 def _attributes(owner: Any) -> dict[str, tuple[Any, str]]:

@@ -37,7 +37,8 @@ from ...persistence.history import HistoryLog
 from ...persistence.identity import fingerprint_mismatch
 from ...persistence.lock import CheckpointLock, lock_checkpoint
 from ...protocol import new_run_key
-from .chain_state import ChainRecord, FromState, ToState, check_declarations, restore_state, unshaped_state
+from ..chain import check_declarations
+from .chain_state import ChainRecord, FromState, ToState, restore_state, unshaped_state
 from .core_state import checkpoint_of, continue_schedule, run_identity
 
 
