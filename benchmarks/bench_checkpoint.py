@@ -2,7 +2,7 @@
 
 A Message API ``LIPS(FedAvg())`` with ``checkpoint_path=`` writes the
 checkpoint after round ``r - 1`` at the start of round ``r``, in
-``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies._checkpointing.CheckpointKeeper.save``:
+``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies.resume.keeper.CheckpointKeeper.save``:
 the LIPS core's state, the wrapped strategies' model-shaped state, Python's
 ``random`` state and the metrics history, written by ``np.savez`` to a
 temporary file beside the target, flushed, **fsync'ed** and ``os.replace``'d).
@@ -60,7 +60,7 @@ from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.strategies import LIPS
-from lips_flwr.strategies._message_loop import empty_history
+from lips_flwr.strategies.adapters.message_loop import empty_history
 
 try:  # Messages built by configure_train need the identity of a running task
     from flwr.supercore.task_identity import TaskIdentity

@@ -25,7 +25,7 @@ interleaved round-robin. Reported per case:
 - extra peak memory: tracemalloc peak of the LIPS call minus that of the bare
   call, for 10, 50 and 100 replies, in MB and in model sizes (float32 bytes).
 
-Then the masking throughput: ``lips_flwr.core.masking.sparsify`` on the model's
+Then the masking throughput: ``lips_flwr.core.masking.mask_layers`` on the model's
 middle layers, in bytes of those layers per second, against ``np.copy`` of the
 same arrays (a memory-bandwidth baseline).
 
@@ -56,7 +56,7 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.core.layers import select_layers
-from lips_flwr.core.masking import model_update, sparsify
+from lips_flwr.core.masking import mask_layers, model_update
 from lips_flwr.strategies import LIPS, LegacyLIPS
 
 try:  # Messages built by configure_train need the identity of a running task
@@ -150,19 +150,19 @@ def measure(api: str, model_name: str, clients: int, reps: int, memory_clients: 
             for _, res in results:
                 list(map(len, res.parameters.tensors))
 
-    # Time the reply checks (dropping replies that do not fit) apart from the rest.
-    check_name = "_checked"
+    # Time the reply checks (the reply gate's admission: the per-reply checks, the votes, any
+    # cast) apart from the rest.
     checks: list[float] = []
-    if hasattr(lips, check_name):
-        original = getattr(lips, check_name)
+    gate = lips._lips_gate
+    original = gate.admit
 
-        def timed_check(*args, **kwargs):
-            start = time.perf_counter()
-            out = original(*args, **kwargs)
-            checks.append(time.perf_counter() - start)
-            return out
+    def timed_check(*args, **kwargs):
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        checks.append(time.perf_counter() - start)
+        return out
 
-        setattr(lips, check_name, timed_check)
+    gate.admit = timed_check  # type: ignore[method-assign]
 
     rows = []
     for rnd, kind in ROUNDS:
@@ -216,9 +216,9 @@ def masking_throughput(model_name: str, reps: int) -> dict:
     variants = {
         "np.copy": lambda: [np.copy(a) for a in arrays],
         "dw = new - old": lambda: model_update(new, prev, layers),
-        "sparsify sensitivity": lambda: sparsify(new, layers, 0.5, score="sensitivity", updates=updates),
-        "sparsify magnitude": lambda: sparsify(new, layers, 0.5, score="magnitude"),
-        "sparsify random": lambda: sparsify(new, layers, 0.5, score="random"),
+        "sparsify sensitivity": lambda: mask_layers(new, layers, 0.5, score="sensitivity", updates=updates),
+        "sparsify magnitude": lambda: mask_layers(new, layers, 0.5, score="magnitude"),
+        "sparsify random": lambda: mask_layers(new, layers, 0.5, score="random"),
     }
     times = paired_times(variants, reps)
     return {"model": model_name, "bytes": size, "layers": len(layers),
@@ -252,7 +252,7 @@ def main() -> None:
 
     print(f"\nAggregation step, {args.clients} replies (median seconds). ratio: median of the paired "
           "LIPS/FedAvg calls; own: LIPS's time inside its call (the call minus its inner FedAvg); "
-          "checks: the per-reply header checks (_checked) within own; read: only reaching every reply "
+          "checks: the reply gate's admission (checks, votes) within own; read: only reaching every reply "
           "array's bytes and reading its length, right after a FedAvg call (the floor of any check "
           "that looks at each array)")
     target = lambda r, x: "yes" if x <= (1.05 if r["round"] == "mask" else 1.01) else "NO"  # noqa: E731

@@ -5,33 +5,35 @@
 - :mod:`lips_flwr.clients`: the client side, ``lips_mod``, ``fedbn_mod``,
   ``persistent_state_mod`` and ``LIPSNumPyClient``;
 - :mod:`lips_flwr.core`: the algorithm in plain numpy, no ``flwr`` import
-  (re-exported here);
+  (its main names re-exported here);
 - :mod:`lips_flwr.protocol`: the ``lips-*`` keys both sides agree on;
 - :mod:`lips_flwr.persistence`: checkpoints and client state on disk;
 - :mod:`lips_flwr.experiments`: data, models and training loops that the
   examples and benchmarks share.
 """
 
-from .core.layers import batch_norm_names, candidate_names, select_layers
-from .core.lips import LIPSCore, RoundOutcome
-from .core.masking import mask_layers, mask_lowest, num_zeros, sparsify
-from .core.schedule import MaskSchedule
+from .core import (
+    LIPSCore,
+    MaskSchedule,
+    RoundOutcome,
+    batch_norm_names,
+    candidate_names,
+    mask_layers,
+    mask_lowest,
+    num_zeros,
+    select_layers,
+)
 
 __version__ = "0.1.0"
-
-# The name before 0.2, kept for code that imported it.
-TransientSparsifier = LIPSCore
 
 __all__ = [
     "LIPSCore",
     "MaskSchedule",
     "RoundOutcome",
-    "TransientSparsifier",
     "batch_norm_names",
     "candidate_names",
     "mask_layers",
     "mask_lowest",
     "num_zeros",
     "select_layers",
-    "sparsify",
 ]

@@ -17,6 +17,10 @@ key                sent        meaning
 ``lips-layers``    client      JSON list of the masked tensors' positions
 =================  ==========  ====================================================
 
+A client that masked its copy reports it back in its train reply's metrics:
+``lips-client-zeros`` (:data:`KEY_CLIENT_ZEROS`), the zeros it placed; the
+server counts the replies that carry it (client mode needs the client side).
+
 ``lips-state-dir`` is read from a SuperNode's node config (or the run config):
 the folder where a client keeps its state on disk.
 """
@@ -41,6 +45,7 @@ KEY_SEED = "lips-seed"
 KEY_LAYERS = "lips-layers"
 KEY_RUN = "lips-run-key"
 KEY_STATE_DIR = "lips-state-dir"
+KEY_CLIENT_ZEROS = "lips-client-zeros"  # a train reply's metric: the zeros a client placed
 
 # A run key is 32 lower-case hex digits: clients put it into file names, so the
 # pattern also keeps their state files inside their folder.
@@ -191,7 +196,7 @@ def config_round(config: Mapping) -> int | None:
 
 
 __all__ = [
-    "ClientRoundConfig", "KEY_LAYERS", "KEY_MODE", "KEY_ROUND", "KEY_RUN", "KEY_SCORE",
+    "ClientRoundConfig", "KEY_CLIENT_ZEROS", "KEY_LAYERS", "KEY_MODE", "KEY_ROUND", "KEY_RUN", "KEY_SCORE",
     "KEY_SEED", "KEY_STATE_DIR", "KEY_TAU", "MODES", "SCORES", "config_round",
     "evaluate_config", "is_run_key", "new_run_key", "parse_train_config", "train_config",
 ]

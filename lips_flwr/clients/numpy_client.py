@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import numbers
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import Context
@@ -26,6 +28,24 @@ def _next_in_mro(cls: type, method: str) -> Callable | None:
         if method in vars(klass):
             return vars(klass)[method]
     return None
+
+
+def _missing_methods(cls: type, client: NumPyClient | None) -> frozenset[str]:
+    """The optional methods that neither the wrapped ``client`` nor (subclassed) the classes
+    after LIPSNumPyClient in ``cls`` implement."""
+    missing = set()
+    for method in _OPTIONAL:
+        impl = getattr(type(client), method) if client is not None else _next_in_mro(cls, method)
+        if impl is None or impl is getattr(NumPyClient, method):
+            missing.add(method)
+    return frozenset(missing)
+
+
+@functools.cache
+def _variant(cls: type, missing: frozenset[str]) -> type:
+    """``cls`` with NumPyClient's own ``missing`` methods: what Flower reads as "not implemented"."""
+    return type(cls.__name__, (cls,), {"_lips_variant": True,
+                                       **{m: getattr(NumPyClient, m) for m in missing}})
 
 
 class LIPSNumPyClient(NumPyClient):
@@ -68,6 +88,24 @@ class LIPSNumPyClient(NumPyClient):
         of names or glob patterns (needs ``param_names``), or of positions.
     """
 
+    _lips_variant = False  # True on the classes _variant() makes
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LIPSNumPyClient:
+        """An instance of ``cls``, or of its variant without the optional methods the user's client lacks.
+
+        Flower tells which optional methods a NumPyClient has from its class
+        (``flwr``'s ``has_evaluate(client)`` is ``type(client).evaluate !=
+        NumPyClient.evaluate``), and which ones this client has depends on the
+        client it wraps (or, subclassed, on the classes after it): no instance
+        attribute can say it. So the object is created as an instance of a
+        subclass that puts NumPyClient's own methods back where the user's
+        client has none (one such class per class and set of methods).
+        """
+        client = kwargs.get("client", args[0] if args else None)
+        missing = set() if cls._lips_variant else _missing_methods(
+            cls, client if isinstance(client, NumPyClient) else None)
+        return super().__new__(_variant(cls, frozenset(missing)) if missing else cls)
+
     def __init__(
         self,
         client: NumPyClient | None = None,
@@ -78,7 +116,8 @@ class LIPSNumPyClient(NumPyClient):
     ) -> None:
         if client is not None and not isinstance(client, NumPyClient):
             raise ValueError(f"`client` must be a NumPyClient, got {type(client).__name__}")
-        if client is None and type(self) is LIPSNumPyClient:
+        made_as = type(self).__mro__[1] if type(self)._lips_variant else type(self)  # the class called
+        if client is None and made_as is LIPSNumPyClient:
             raise ValueError("`client` is required unless LIPSNumPyClient is subclassed")
         if not isinstance(context, Context):
             raise ValueError("`context` must be the flwr Context given to client_fn")
@@ -89,7 +128,6 @@ class LIPSNumPyClient(NumPyClient):
         self._lips_context = context
         self._lips_names = None if param_names is None else list(param_names)
         self._lips_local = self._resolve_local(keep_local)
-        self._hide_unimplemented()
 
     def _resolve_local(self, keep_local: object) -> list[str]:
         names = self._lips_names
@@ -127,20 +165,6 @@ class LIPSNumPyClient(NumPyClient):
         if self._lips_client is not None:
             return getattr(self._lips_client, method)
         return getattr(super(), method)
-
-    def _hide_unimplemented(self) -> None:
-        # Flower calls only the optional methods a NumPyClient overrides; ours
-        # all exist, so put NumPyClient's back where the user's client has none.
-        missing = {}
-        for method in _OPTIONAL:
-            if self._lips_client is not None:
-                impl = getattr(type(self._lips_client), method)
-            else:
-                impl = _next_in_mro(type(self), method)
-            if impl is None or impl is getattr(NumPyClient, method):
-                missing[method] = getattr(NumPyClient, method)
-        if missing:
-            self.__class__ = type(type(self).__name__, (type(self),), missing)
 
     def _named(self, parameters: NDArrays, source: str) -> dict[str, np.ndarray]:
         names = self._lips_names

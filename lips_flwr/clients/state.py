@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from .._records import array_view, numpy_to_record, record_views
 from ..core.client_masking import client_mask, iter_local_update
 from ..core.inertia import update_norms
-from ..protocol import ClientRoundConfig, parse_train_config
+from ..protocol import KEY_CLIENT_ZEROS, ClientRoundConfig, parse_train_config
 
 SIGNAL_KEY = "lips-signal"        # ArrayRecord: last local update (candidate layers)
 SIGNAL_ROUND_KEY = "lips-signal-round"  # ConfigRecord: {"round": server round of that update}
@@ -70,7 +70,7 @@ def before_training(
         signal_round = int(cast(int, state[SIGNAL_ROUND_KEY]["round"]))
     masked, zeros, used = client_mask(arrays, round_config, signal, signal_round, salt)
     metrics = {
-        "lips-client-zeros": float(sum(zeros.values())),
+        KEY_CLIENT_ZEROS: float(sum(zeros.values())),
         "lips-client-fallback": float(used != round_config.score),
     }
     return masked, metrics, round_config

@@ -11,15 +11,29 @@ it never zeroes its whole model.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .layers import candidate_names, is_candidate
 from .masking import mask_layers
+from .scores import needs_update
 
-if TYPE_CHECKING:
-    from ..protocol import ClientRoundConfig
+
+class MaskRequest(Protocol):
+    """What the server asked of a client-mode mask round (the protocol's parsed
+    ``lips-*`` keys, :class:`lips_flwr.protocol.ClientRoundConfig`, are one)."""
+
+    @property
+    def server_round(self) -> int: ...
+    @property
+    def tau(self) -> float: ...
+    @property
+    def score(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def layers(self) -> tuple[int, ...]: ...
 
 
 def iter_local_update(
@@ -41,7 +55,7 @@ def local_update(
 
 def client_mask(
     arrays: Mapping[str, np.ndarray],
-    round_config: ClientRoundConfig,
+    round_config: MaskRequest,
     signal: Mapping[str, np.ndarray] | None,
     signal_round: int | None,
     salt: tuple[int, ...] = (),
@@ -49,7 +63,8 @@ def client_mask(
     """Mask this client's copy of the global model before training (client mode).
 
     Returns the model to train from, the zeros placed per layer and the score
-    actually used (``"magnitude"`` when the stored update is missing or stale).
+    actually used (``"magnitude"`` when the score needs an update and the stored
+    one is missing or stale).
     """
     names = list(arrays)
     bad = [i for i in round_config.layers if not 0 <= i < len(names)]
@@ -63,18 +78,19 @@ def client_mask(
         raise ValueError(f"lips-layers names tensors that may not be masked: {ineligible}")
     score = round_config.score
     fresh = signal is not None and signal_round == round_config.server_round - 1
-    if score == "sensitivity" and not (fresh and signal is not None and all(n in signal for n in layers)):
-        score = "magnitude"
+    uses_update = needs_update(score)
+    if uses_update and not (fresh and signal is not None and all(n in signal for n in layers)):
+        score, uses_update = "magnitude", False
     masked, zeros = mask_layers(
         arrays,
         layers,
         round_config.tau,
         score=score,
-        updates=signal if score == "sensitivity" else None,
+        updates=signal if uses_update else None,
         seed=round_config.seed,
         salt=(round_config.server_round, *salt),
     )
     return masked, zeros, score
 
 
-__all__ = ["client_mask", "iter_local_update", "local_update"]
+__all__ = ["MaskRequest", "client_mask", "iter_local_update", "local_update"]

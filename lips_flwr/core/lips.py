@@ -24,7 +24,7 @@ from .inertia import InertiaTracker, relative_steps, update_norms
 from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import mask_layers, model_update
 from .schedule import MaskSchedule
-from .scores import validate_score
+from .scores import needs_update, validate_score
 from .trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger, TriggerDecision, validate_trigger
 
 MODES = ("server", "client")
@@ -229,7 +229,7 @@ class LIPSCore:
             are fine: masking copies what it changes).
         previous : Mapping[str, np.ndarray] or None
             The global model the round started from: ``dw = aggregate - previous``
-            for the sensitivity score.
+            for a score that needs it (:func:`.scores.needs_update`).
         aggregate_finite : bool (default: False)
             The caller has checked that the aggregate holds no NaN/Inf (the
             strategies do, on every round): skip that pass over the model.
@@ -269,7 +269,7 @@ class LIPSCore:
                 if n in previous and np.shape(previous[n]) == np.shape(aggregate[n])])
         if self.inertia_trigger is not None:
             outcome.decision = self._trigger_round(server_round, aggregate, steps, tau)
-        if on_server and self.score == "sensitivity" and previous is None:
+        if on_server and needs_update(self.score) and previous is None:
             raise RuntimeError(
                 "LIPS needs the previous global model to compute the update "
                 "dw; configure_train was not called before aggregate_train"
@@ -279,7 +279,7 @@ class LIPSCore:
             layers = self.layer_names(aggregate) if outcome.decision is None else outcome.decision.stagnant
             updates = None
             problem = None if aggregate_finite else _nonfinite_reason("the aggregate", aggregate)
-            if problem is None and self.score == "sensitivity":
+            if problem is None and needs_update(self.score):
                 assert previous is not None
                 updates = model_update(aggregate, previous, layers)
                 problem = _nonfinite_reason(

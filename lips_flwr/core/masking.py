@@ -1,6 +1,6 @@
 """Exact-count masking of the lowest-scoring weights.
 
-``sparsify`` is the one function both strategy adapters and the client side
+``mask_layers`` is the one function both strategy adapters and the client side
 call: it takes an ordered ``name -> ndarray`` model and returns a new one in
 which each selected tensor has exactly ``ceil(n * tau)`` zeros, chosen by the
 lowest score. Selection is O(n) (``np.partition`` finds the threshold) and ties
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .layers import is_candidate
-from .scores import compute_score
+from .scores import compute_score, needs_rng
 
 
 def num_zeros(size: int, tau: float) -> int:
@@ -167,7 +167,7 @@ def mask_layers(
     seed: int = 0,
     salt: Sequence[int] = (),
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """Zero the lowest-scoring ``tau`` fraction of each tensor in ``layers`` (was ``sparsify``).
+    """Zero the lowest-scoring ``tau`` fraction of each tensor in ``layers``.
 
     Parameters
     ----------
@@ -179,9 +179,10 @@ def mask_layers(
     tau : float
         Fraction zeroed per tensor, in [0, 1].
     score : str (default: "sensitivity")
-        ``"sensitivity"`` (needs ``updates``), ``"magnitude"`` or ``"random"``.
+        One of :data:`lips_flwr.core.scores.SCORES`: ``"sensitivity"`` (needs
+        ``updates``), ``"magnitude"`` or ``"random"``.
     updates : Mapping[str, np.ndarray], optional
-        The update ``dw`` per layer, for the sensitivity score.
+        The update ``dw`` per layer, for a score that needs it (:func:`.scores.needs_update`).
     seed, salt : int, sequence of int
         Seed the random score: layer ``i`` uses ``default_rng([seed, *salt, i])``,
         so a round (salt) always gets the same mask, whatever else ran before.
@@ -206,17 +207,14 @@ def mask_layers(
                 "sparsification: only floating-point tensors of rank >= 2 are"
             )
         update = None if updates is None else updates.get(name)
-        rng = np.random.default_rng([seed, *salt, index]) if score == "random" else None
+        rng = np.random.default_rng([seed, *salt, index]) if needs_rng(score) else None
         scores = compute_score(score, weights, update, rng)
         out[name], zeros[name] = mask_lowest(weights, scores, tau)
     return out, zeros
 
 
-# The name before 0.2: "sparsify" also named the server object and an adapter step.
-sparsify = mask_layers
-
 
 __all__ = [
     "kth_smallest", "lowest_indices", "lowest_mask", "mask_layers", "mask_lowest",
-    "model_update", "num_zeros", "sparsify",
+    "model_update", "num_zeros",
 ]

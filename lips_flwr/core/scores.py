@@ -2,13 +2,19 @@
 
 All scores are non-negative and computed in at least float32 (float16 products
 of small updates and weights underflow to 0 and would turn into ties).
+
+Each score is one row of :data:`SCORE_INPUTS`: its name, its function and what
+that function takes besides the weights (``"update"``: the update ``dw``;
+``"rng"``: a numpy Generator). The server, the clients and the masking ask
+:func:`needs_update` / :func:`needs_rng` rather than comparing names, so a new
+score is a function and a row here.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
 
-SCORES = ("sensitivity", "magnitude", "random")
+import numpy as np
 
 
 def _as_score_dtype(array: np.ndarray) -> np.ndarray:
@@ -41,34 +47,53 @@ def random_score(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return rng.random(weights.shape, dtype=np.float64)
 
 
+# name -> (function, what it takes besides the weights: "update", "rng" or None)
+SCORE_INPUTS: dict[str, tuple[Callable[..., np.ndarray], str | None]] = {
+    "sensitivity": (sensitivity_score, "update"),
+    "magnitude": (magnitude_score, None),
+    "random": (random_score, "rng"),
+}
+SCORES = tuple(SCORE_INPUTS)
+
+
+def validate_score(score: object) -> str:
+    """Return ``score`` if it names a known score, else raise ``ValueError``."""
+    if not isinstance(score, str) or score not in SCORE_INPUTS:
+        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}")
+    return score
+
+
+def needs_update(score: str) -> bool:
+    """Whether ``score`` ranks by the update ``dw`` (the server needs the previous global
+    model, a client its last local update)."""
+    return SCORE_INPUTS[validate_score(score)][1] == "update"
+
+
+def needs_rng(score: str) -> bool:
+    """Whether ``score`` draws from a numpy Generator (seeded per round and layer by the masking)."""
+    return SCORE_INPUTS[validate_score(score)][1] == "rng"
+
+
 def compute_score(
     score: str,
     weights: np.ndarray,
     update: np.ndarray | None = None,
     rng: np.random.Generator | None = None,
 ) -> np.ndarray:
-    """Dispatch on the score's name (one of :data:`SCORES`)."""
-    if score == "sensitivity":
+    """The scores of ``weights`` by the score named ``score`` (one of :data:`SCORES`)."""
+    function, takes = SCORE_INPUTS[validate_score(score)]
+    if takes == "update":
         if update is None:
-            raise ValueError("the 'sensitivity' score needs the update `dw`")
-        return sensitivity_score(weights, update)
-    if score == "magnitude":
-        return magnitude_score(weights)
-    if score == "random":
+            raise ValueError(f"the {score!r} score needs the update `dw`")
+        return function(weights, update)
+    if takes == "rng":
         if rng is None:
-            raise ValueError("the 'random' score needs a numpy Generator `rng`")
-        return random_score(weights, rng)
-    raise ValueError(f"`score` must be one of {SCORES}, got {score!r}")
-
-
-def validate_score(score: object) -> str:
-    """Return ``score`` if it names a known score, else raise ``ValueError``."""
-    if score not in SCORES:
-        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}")
-    return str(score)
+            raise ValueError(f"the {score!r} score needs a numpy Generator `rng`")
+        return function(weights, rng)
+    return function(weights)
 
 
 __all__ = [
-    "SCORES", "compute_score", "magnitude_score", "random_score", "sensitivity_score",
-    "validate_score",
+    "SCORES", "SCORE_INPUTS", "compute_score", "magnitude_score", "needs_rng", "needs_update",
+    "random_score", "sensitivity_score", "validate_score",
 ]

@@ -37,8 +37,8 @@ frees when the process dies) from the start of its run.
 This module holds the :class:`Checkpoint` record, its saving and loading (every
 field checked as it is read: :mod:`._checks`), and the checks of the
 ``checkpoint_path`` / ``resume`` options a strategy runs before its first
-round. The history sidecar, the lock and the identity have modules of their
-own; their public names are still importable from here.
+round. The history sidecar (:mod:`.history`), the lock (:mod:`.lock`) and the
+identity (:mod:`.identity`) have modules of their own.
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ import numpy as np
 
 from ..protocol import is_run_key
 from ._checks import check_metrics, check_settings, checked_int, json_scalar
-from .history import HistoryLog, history_path, read_history
-from .identity import check_identity, fingerprint_mismatch, model_fingerprint
-from .lock import CheckpointLock, lock_checkpoint
+from .history import read_history
+from .identity import check_identity
 from .npz_store import (
     path_lock,
     read_groups,
@@ -403,7 +402,4 @@ __all__ = [
     "existing_checkpoint", "load_checkpoint", "model_mismatch", "numpy_random_state", "python_random_state",
     "restore_numpy_random", "restore_python_random", "resume_option", "save_checkpoint", "settings_mismatch",
     "validate_resume",
-    # Public here before they moved to .history, .identity and .lock: still importable from here.
-    "CheckpointLock", "HistoryLog", "fingerprint_mismatch", "history_path", "lock_checkpoint",
-    "model_fingerprint", "read_history",
 ]

@@ -79,6 +79,16 @@ def reply(model: dict[str, np.ndarray], num_examples: int, node_id: int = 1) -> 
     return msg
 
 
+def message_reply(model: dict[str, np.ndarray], node_id: int, num_examples: int = 100, **metrics) -> Message:
+    """A train reply whose MetricRecord holds ``num-examples`` and ``metrics`` (a DP wrapper's norm bit)."""
+    msg = Mock(spec=Message)
+    msg.content = RecordDict({"arrays": to_record(model),
+                              "metrics": MetricRecord({"num-examples": num_examples, **metrics})})
+    msg.has_error.return_value = False
+    msg.metadata.src_node_id = node_id
+    return msg
+
+
 def grid(num_nodes: int = 3) -> Grid:
     g = Mock(spec=Grid)
     g.get_node_ids.return_value = list(range(1, num_nodes + 1))
@@ -108,6 +118,15 @@ def fit_result(model: dict[str, np.ndarray], num_examples: int, cid: str = "1"):
         metrics={},
     )
     return proxy, res
+
+
+def legacy_result(model: dict[str, np.ndarray], cid: str, num_examples: int = 100, **metrics):
+    """A legacy ``(proxy, FitRes)`` whose metrics are ``metrics``."""
+    proxy = Mock(spec=ClientProxy)
+    proxy.cid = cid
+    return proxy, FitRes(status=Status(code=Code.OK, message=""),
+                         parameters=ndarrays_to_parameters(list(model.values())),
+                         num_examples=num_examples, metrics=dict(metrics))
 
 
 def client_manager(num_clients: int = 3) -> ClientManager:

@@ -21,7 +21,7 @@ from lips_flwr.persistence.checkpoint import (
 from lips_flwr.core.inertia import InertiaTracker
 from lips_flwr.core.layers import candidate_names
 from lips_flwr.core.lips import LIPSCore
-from lips_flwr.strategies._checkpointing import checkpoint_of, continue_schedule
+from lips_flwr.strategies.resume.core_state import checkpoint_of, continue_schedule
 
 
 def model(seed: int = 0) -> dict[str, np.ndarray]:

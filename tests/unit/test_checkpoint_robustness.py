@@ -55,8 +55,8 @@ from lips_flwr.core.lips import LIPSCore
 from lips_flwr.persistence.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from lips_flwr.persistence.identity import model_fingerprint
 from lips_flwr.strategies import LIPS, LegacyLIPS
-from lips_flwr.strategies._checkpointing import CheckpointKeeper
-from lips_flwr.strategies._strategy_state import ndarray_state
+from lips_flwr.strategies.resume.keeper import CheckpointKeeper
+from lips_flwr.strategies.resume.chain_state import ndarray_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,8 +85,8 @@ if mode == "raw":  # save_checkpoint itself, no keeper: as two runs did before t
             failed.append(repr(err))
 else:  # a strategy's keeper: begin() at the start of the run, a save per round
     from lips_flwr.core.lips import LIPSCore
-    from lips_flwr.strategies._checkpointing import CheckpointKeeper
-    from lips_flwr.strategies._strategy_state import ndarray_state
+    from lips_flwr.strategies.resume.keeper import CheckpointKeeper
+    from lips_flwr.strategies.resume.chain_state import ndarray_state
 
     class Owner:
         pass

@@ -13,10 +13,9 @@ from unittest.mock import Mock
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.app import ConfigRecord, Message
+from flwr.common import ndarrays_to_parameters
 from flwr.server import strategy as legacy
-from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import strategy as message
 from flwr.serverapp.exception import AggregationError
 from flwr.supercore.privacy_accounting import (
@@ -31,6 +30,8 @@ from flower_fakes import (
     client_manager,
     client_models,
     grid,
+    legacy_result,
+    message_reply,
     params_to_model,
     task_identity,  # noqa: F401  (fixture)
     tiny_model,
@@ -44,23 +45,6 @@ NUM_ROUNDS = 10
 CLIENTS = 7  # Bulyan needs n >= 4f + 3
 NAMES = list(tiny_model())
 MASK_ROUNDS = (1, 3)
-
-
-def message_reply(model, node_id, num_examples=100, **metrics) -> Message:
-    msg = Mock(spec=Message)
-    msg.content = RecordDict({"arrays": to_record(model),
-                              "metrics": MetricRecord({"num-examples": num_examples, **metrics})})
-    msg.has_error.return_value = False
-    msg.metadata.src_node_id = node_id
-    return msg
-
-
-def legacy_result(model, cid, num_examples=100, **metrics):
-    proxy = Mock(spec=ClientProxy)
-    proxy.cid = cid
-    return proxy, FitRes(status=Status(code=Code.OK, message=""),
-                         parameters=ndarrays_to_parameters(list(model.values())),
-                         num_examples=num_examples, metrics=dict(metrics))
 
 
 def run_message(strategy, rounds=4, bad=None, **metrics):

@@ -17,6 +17,16 @@ the checkpoint's inertia series are not pinned here;
 ``test_core_round.py::test_inertia_sees_the_unmasked_aggregate`` pins the
 new behaviour instead.
 
+A second difference is deliberate: a checkpoint holds the wrapped strategies'
+*declared* state (lips_flwr/strategies/resume/chain_state.py), no longer every
+scalar attribute that differs from the run's start. The two Message API
+checkpoint cases are driven without ``start()``, so the old code took every
+constructor setting of FedAvgM / FedAvg (``fraction_train``, ``server_momentum``,
+...) for changed state and saved it under ``strategy_meta.scalars``; those
+entries, and nothing else, were removed from the recorded digests (every
+round, the model, the array state, the settings and the history are as
+recorded). ``test_chain_state.py`` pins the declared state instead.
+
 The FedAdam case runs Flower's FedAdam with a CPU-independent ``np.power``
 (``_cpu_independent_numpy``): its digests were recorded on an AVX-512 machine,
 where numpy's float64 power gives ``0.99 ** 3`` one ulp low, and so failed on

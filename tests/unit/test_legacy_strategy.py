@@ -230,8 +230,11 @@ def test_dp_noise_wrapper_over_fedadam_keeps_the_zeros_in_fedadam_cache():
         assert zeros.sum() > 0 and np.all(cache[name][zeros] == 0), name
 
 
-def test_wrapper_exposes_the_wrapped_strategys_attributes():
-    assert LegacyLIPS(FedAvg(min_fit_clients=7), num_rounds=3).min_fit_clients == 7
+def test_the_wrapped_strategys_attributes_are_reached_through_strategy():
+    strategy = LegacyLIPS(FedAvg(min_fit_clients=7), num_rounds=3)
+    assert strategy.strategy.min_fit_clients == 7
+    with pytest.raises(AttributeError, match=r"the wrapped FedAvg has it: \.strategy\.min_fit_clients"):
+        strategy.min_fit_clients  # noqa: B018  (delegation is explicit: no attribute falls through)
 
 
 def test_bad_param_names_and_parameters_are_clear_errors():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lips_flwr.core.masking import (
-    kth_smallest, lowest_indices, mask_lowest, model_update, num_zeros, sparsify,
+    kth_smallest, lowest_indices, mask_layers, mask_lowest, model_update, num_zeros,
 )
 from lips_flwr.core.schedule import MaskSchedule
 
@@ -261,7 +261,7 @@ def test_model_update_float16_is_widened():
     assert upd["a"][0, 0] == pytest.approx(0.0009765625)
 
 
-# --------------------------------------------------------------------------- sparsify
+# --------------------------------------------------------------------------- mask_layers
 def make_model(dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     return {
@@ -281,7 +281,7 @@ MID = ["mid.weight", "mid2.weight"]
 
 def test_sparsify_tau_zero_is_identity():
     model = make_model()
-    out, zeros = sparsify(model, MID, 0.0, score="magnitude")
+    out, zeros = mask_layers(model, MID, 0.0, score="magnitude")
     assert zeros == {}
     assert list(out) == list(model)
     assert all(out[k] is model[k] for k in model)
@@ -291,7 +291,7 @@ def test_sparsify_tau_zero_is_identity():
 def test_sparsify_unselected_are_same_objects_and_order_kept():
     model = make_model()
     copies = {k: v.copy() for k, v in model.items()}
-    out, zeros = sparsify(model, MID, 0.3, score="magnitude")
+    out, zeros = mask_layers(model, MID, 0.3, score="magnitude")
     assert list(out) == list(model)
     for name in model:
         if name in MID:
@@ -305,7 +305,7 @@ def test_sparsify_unselected_are_same_objects_and_order_kept():
 
 def test_sparsify_zero_counts_and_positions_magnitude():
     model = make_model()
-    out, zeros = sparsify(model, MID, 0.45, score="magnitude")
+    out, zeros = mask_layers(model, MID, 0.45, score="magnitude")
     for name in MID:
         k = num_zeros(model[name].size, 0.45)
         assert zeros[name] == k
@@ -318,7 +318,7 @@ def test_sparsify_preserves_dtype_and_shape(dtype):
     model = make_model(dtype)
     updates = {n: np.ones_like(model[n]) for n in MID}
     for score in ("sensitivity", "magnitude", "random"):
-        out, _ = sparsify(model, MID, 0.5, score=score, updates=updates, seed=1)
+        out, _ = mask_layers(model, MID, 0.5, score=score, updates=updates, seed=1)
         for name in model:
             assert out[name].dtype == model[name].dtype
             assert out[name].shape == model[name].shape
@@ -326,7 +326,7 @@ def test_sparsify_preserves_dtype_and_shape(dtype):
 
 def test_sparsify_layer_order_does_not_matter_for_key_order():
     model = make_model()
-    out, zeros = sparsify(model, ["mid2.weight", "mid.weight"], 0.2, score="magnitude")
+    out, zeros = mask_layers(model, ["mid2.weight", "mid.weight"], 0.2, score="magnitude")
     assert list(out) == list(model)
     assert list(zeros) == ["mid2.weight", "mid.weight"]
 
@@ -335,8 +335,8 @@ def test_sparsify_sensitivity_vs_magnitude_choose_differently():
     w = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
     dw = np.array([[4.0, 1.0, 1.0, 1.0]], dtype=np.float32)
     model = {"w": w}
-    by_mag, _ = sparsify(model, ["w"], 0.25, score="magnitude")
-    by_sens, _ = sparsify(model, ["w"], 0.25, score="sensitivity", updates={"w": dw})
+    by_mag, _ = mask_layers(model, ["w"], 0.25, score="magnitude")
+    by_sens, _ = mask_layers(model, ["w"], 0.25, score="sensitivity", updates={"w": dw})
     # |w| = 1, 2, 3, 4 -> zero index 0; |dw*w| = 4, 2, 3, 4 -> zero index 1
     assert zero_positions(by_mag["w"]) == {0}
     assert zero_positions(by_sens["w"]) == {1}
@@ -346,7 +346,7 @@ def test_sparsify_sensitivity_matches_reference():
     rng = np.random.default_rng(3)
     model = make_model(seed=3)
     updates = {n: rng.normal(size=model[n].shape).astype(np.float32) for n in MID}
-    out, zeros = sparsify(model, MID, 0.6, score="sensitivity", updates=updates)
+    out, zeros = mask_layers(model, MID, 0.6, score="sensitivity", updates=updates)
     for name in MID:
         scores = np.abs(updates[name].astype(np.float64) * model[name].astype(np.float64))
         assert zero_positions(out[name]) == reference_positions(model[name], scores, zeros[name])
@@ -357,7 +357,7 @@ def test_sparsify_float16_sensitivity_does_not_collapse_to_ties():
     w = np.array([[4e-4, 3e-4, 2e-4, 1e-4, 5e-4, 6e-4]], dtype=np.float16)
     dw = np.full_like(w, 1e-5)
     assert ((w * dw) == 0).all()
-    out, zeros = sparsify({"w": w}, ["w"], 0.5, score="sensitivity", updates={"w": dw})
+    out, zeros = mask_layers({"w": w}, ["w"], 0.5, score="sensitivity", updates={"w": dw})
     assert zeros == {"w": 3}
     assert zero_positions(out["w"]) == {1, 2, 3}  # the three smallest, not indices 0-2
     assert out["w"].dtype == np.float16
@@ -366,17 +366,17 @@ def test_sparsify_float16_sensitivity_does_not_collapse_to_ties():
 def test_sparsify_float16_weights_with_float32_update():
     w = (np.arange(1, 17, dtype=np.float16) * np.float16(1e-3)).reshape(4, 4)
     dw = (np.arange(16, 0, -1, dtype=np.float32) ** 2 * 1e-7).reshape(4, 4)
-    out, zeros = sparsify({"w": w}, ["w"], 0.25, score="sensitivity", updates={"w": dw})
+    out, zeros = mask_layers({"w": w}, ["w"], 0.25, score="sensitivity", updates={"w": dw})
     scores = np.abs(dw.astype(np.float64) * w.astype(np.float64))
     assert zero_positions(out["w"]) == reference_positions(w, scores, 4)
 
 
 def test_sparsify_random_deterministic_and_salted():
     model = {"w": np.arange(1, 401, dtype=np.float32).reshape(20, 20)}
-    a, _ = sparsify(model, ["w"], 0.5, score="random", seed=7, salt=(3,))
-    b, _ = sparsify(model, ["w"], 0.5, score="random", seed=7, salt=(3,))
-    c, _ = sparsify(model, ["w"], 0.5, score="random", seed=7, salt=(4,))
-    d, _ = sparsify(model, ["w"], 0.5, score="random", seed=8, salt=(3,))
+    a, _ = mask_layers(model, ["w"], 0.5, score="random", seed=7, salt=(3,))
+    b, _ = mask_layers(model, ["w"], 0.5, score="random", seed=7, salt=(3,))
+    c, _ = mask_layers(model, ["w"], 0.5, score="random", seed=7, salt=(4,))
+    d, _ = mask_layers(model, ["w"], 0.5, score="random", seed=8, salt=(3,))
     np.testing.assert_array_equal(a["w"], b["w"])
     assert zero_positions(a["w"]) != zero_positions(c["w"])
     assert zero_positions(a["w"]) != zero_positions(d["w"])
@@ -386,7 +386,7 @@ def test_sparsify_random_deterministic_and_salted():
 
 def test_sparsify_random_matches_documented_rng():
     model = {"a": np.ones((10, 10), np.float32), "b": np.ones((5, 8), np.float32)}
-    out, _ = sparsify(model, ["a", "b"], 0.3, score="random", seed=11, salt=(2, 9))
+    out, _ = mask_layers(model, ["a", "b"], 0.3, score="random", seed=11, salt=(2, 9))
     for index, name in enumerate(["a", "b"]):
         scores = np.random.default_rng([11, 2, 9, index]).random(model[name].shape)
         k = num_zeros(model[name].size, 0.3)
@@ -395,17 +395,17 @@ def test_sparsify_random_matches_documented_rng():
 
 def test_sparsify_random_independent_of_history():
     model = {"w": np.ones((30, 30), np.float32)}
-    a, _ = sparsify(model, ["w"], 0.4, score="random", seed=1, salt=(5,))
+    a, _ = mask_layers(model, ["w"], 0.4, score="random", seed=1, salt=(5,))
     np.random.default_rng(123).random(1000)
     np.random.seed(0)
     np.random.random(77)
-    b, _ = sparsify(model, ["w"], 0.4, score="random", seed=1, salt=(5,))
+    b, _ = mask_layers(model, ["w"], 0.4, score="random", seed=1, salt=(5,))
     np.testing.assert_array_equal(a["w"], b["w"])
 
 
 def test_sparsify_full_tau():
     model = make_model()
-    out, zeros = sparsify(model, MID, 1.0, score="magnitude")
+    out, zeros = mask_layers(model, MID, 1.0, score="magnitude")
     for name in MID:
         assert (out[name] == 0).all()
         assert zeros[name] == model[name].size
@@ -414,25 +414,25 @@ def test_sparsify_full_tau():
 @pytest.mark.parametrize("tau", [-0.1, 1.01, float("nan"), float("inf")])
 def test_sparsify_bad_tau(tau):
     with pytest.raises(ValueError, match="tau"):
-        sparsify(make_model(), MID, tau, score="magnitude")
+        mask_layers(make_model(), MID, tau, score="magnitude")
 
 
 def test_sparsify_sensitivity_needs_updates():
     model = make_model()
     with pytest.raises(ValueError, match="update"):
-        sparsify(model, MID, 0.5, score="sensitivity")
+        mask_layers(model, MID, 0.5, score="sensitivity")
     with pytest.raises(ValueError, match="update"):
-        sparsify(model, MID, 0.5, score="sensitivity", updates={"mid.weight": np.ones((8, 4, 3, 3))})
+        mask_layers(model, MID, 0.5, score="sensitivity", updates={"mid.weight": np.ones((8, 4, 3, 3))})
 
 
 def test_sparsify_unknown_score():
     with pytest.raises(ValueError, match="score"):
-        sparsify(make_model(), MID, 0.5, score="taylor")
+        mask_layers(make_model(), MID, 0.5, score="taylor")
 
 
 def test_sparsify_empty_layers():
     model = make_model()
-    out, zeros = sparsify(model, [], 0.5, score="magnitude")
+    out, zeros = mask_layers(model, [], 0.5, score="magnitude")
     assert zeros == {}
     assert all(out[k] is model[k] for k in model)
 
@@ -442,9 +442,9 @@ def test_sparsify_already_sparse_weights_stay_zero():
     w = model["mid.weight"].copy()
     w.reshape(-1)[::3] = 0  # 96 of 288 already zero
     model["mid.weight"] = w
-    out, zeros = sparsify(model, ["mid.weight"], 0.25, score="magnitude")  # k = 72 < 96
+    out, zeros = mask_layers(model, ["mid.weight"], 0.25, score="magnitude")  # k = 72 < 96
     np.testing.assert_array_equal(out["mid.weight"], w)
-    out, zeros = sparsify(model, ["mid.weight"], 0.5, score="magnitude")  # k = 144
+    out, zeros = mask_layers(model, ["mid.weight"], 0.5, score="magnitude")  # k = 144
     assert int((out["mid.weight"] == 0).sum()) == 144
     assert zero_positions(w) <= zero_positions(out["mid.weight"])
 

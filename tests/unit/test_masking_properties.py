@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) for exact-count masking and ``sparsify``."""
+"""Property tests (hypothesis) for exact-count masking and ``mask_layers``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from lips_flwr.core.layers import candidate_names, select_layers
-from lips_flwr.core.masking import mask_lowest, num_zeros, sparsify
+from lips_flwr.core.masking import mask_layers, mask_lowest, num_zeros
 
 SETTINGS = settings(
     max_examples=60,
@@ -136,7 +136,7 @@ def test_sparsify_properties(model, tau, score, seed, salt, spec):
     rng = np.random.default_rng(seed)
     updates = {n: rng.normal(size=model[n].shape).astype(np.float32) for n in layers}
     kwargs = dict(score=score, updates=updates, seed=seed, salt=salt)
-    out, zeros = sparsify(model, layers, tau, **kwargs)
+    out, zeros = mask_layers(model, layers, tau, **kwargs)
 
     # key order kept; ineligible and unselected tensors are the very same objects
     assert list(out) == list(model)
@@ -162,7 +162,7 @@ def test_sparsify_properties(model, tau, score, seed, salt, spec):
         np.testing.assert_array_equal(model[name], copies[name])
 
     # deterministic under the same seed and salt
-    again, zeros_again = sparsify(model, layers, tau, **kwargs)
+    again, zeros_again = mask_layers(model, layers, tau, **kwargs)
     assert zeros_again == zeros
     for name in model:
         np.testing.assert_array_equal(again[name], out[name])
@@ -179,7 +179,7 @@ def test_sparsify_zeroes_the_lowest_scores(model, tau, score, seed):
     layers = select_layers(model, "all")
     rng = np.random.default_rng(seed)
     updates = {n: rng.normal(size=model[n].shape).astype(np.float32) for n in layers}
-    out, zeros = sparsify(model, layers, tau, score=score, updates=updates)
+    out, zeros = mask_layers(model, layers, tau, score=score, updates=updates)
     for name in layers:
         w = model[name]
         k = expected_count(w.size, tau)
@@ -233,7 +233,7 @@ def test_sparsify_properties_on_edge_case_models(model, tau, score, seed):
     assert all(model[n].dtype.kind == "f" and model[n].ndim >= 2 for n in layers)
     rng = np.random.default_rng(seed)
     updates = {n: rng.normal(size=model[n].shape).astype(np.float32) for n in layers}
-    out, zeros = sparsify(model, layers, tau, score=score, updates=updates, seed=seed)
+    out, zeros = mask_layers(model, layers, tau, score=score, updates=updates, seed=seed)
     for name in model:
         k = expected_count(model[name].size, tau)
         if not zeros.get(name):  # integer, bool, 0-d, empty (counted 0), or tau = 0
@@ -249,7 +249,7 @@ def test_sparsify_properties_on_edge_case_models(model, tau, score, seed):
     # determinism: the global numpy RNG and the order of `updates` play no part
     np.random.seed(seed % 1000)
     np.random.random(7)
-    again, zeros_again = sparsify(model, layers, tau, score=score, seed=seed,
+    again, zeros_again = mask_layers(model, layers, tau, score=score, seed=seed,
                                   updates=dict(reversed(list(updates.items()))))
     assert zeros_again == zeros
     for name in model:
@@ -266,7 +266,7 @@ def test_sparsify_refuses_ineligible_tensors_whoever_picks_them(model, tau, seed
     layers = candidate_names(model) + ineligible[:1]
     copies = {k: v.copy() for k, v in model.items()}
     try:
-        sparsify(model, layers, tau, score="random", seed=seed)
+        mask_layers(model, layers, tau, score="random", seed=seed)
     except ValueError as err:
         assert "not eligible" in str(err)
     else:

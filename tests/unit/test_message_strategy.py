@@ -280,9 +280,11 @@ def test_layers_follow_the_global_models_order_not_the_first_reply():
     assert list(new.keys()) == list(model)
 
 
-def test_wrapper_exposes_the_wrapped_strategys_attributes():
+def test_the_wrapped_strategys_attributes_are_reached_through_strategy():
     strategy = LIPS(FedAvg(fraction_train=0.3), num_rounds=3)
-    assert strategy.fraction_train == 0.3
+    assert strategy.strategy.fraction_train == 0.3
+    with pytest.raises(AttributeError, match=r"the wrapped FedAvg has it: \.strategy\.fraction_train"):
+        strategy.fraction_train  # noqa: B018  (delegation is explicit: no attribute falls through)
     with pytest.raises(AttributeError):
         strategy.no_such_attribute  # noqa: B018
 

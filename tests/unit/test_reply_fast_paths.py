@@ -1,7 +1,7 @@
 """The fast paths of the reply checks decide as the plain per-array checks do.
 
 A good round is checked in C loops over whole lists (``ModelHeaders.all_same_in_order``),
-with each reply's records read once (``train_problem``) and the global model's
+with each reply's records read once (``read_train_reply``) and the global model's
 headers read once per model; these tests hold each shortcut to the plain
 computation it replaces, on good and on spoiled input.
 """
@@ -31,14 +31,14 @@ from flower_fakes import (
 )
 from lips_flwr._npy import read_npy
 from lips_flwr.strategies import LIPS, LegacyLIPS
-from lips_flwr.strategies._message_replies import (
+from lips_flwr.strategies.replies.headers import ModelHeaders
+from lips_flwr.strategies.replies.message_access import read_train_reply
+from lips_flwr.strategies.replies.message_records import (
     consistent,
     in_arrival_order,
     record_dict,
     signature,
-    train_problem,
 )
-from lips_flwr.strategies._reply_checks import ModelHeaders
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -217,10 +217,10 @@ def _replies() -> tuple[dict, list]:
     return model, replies
 
 
-def test_train_problem_builds_the_signature_that_consistent_would():
+def test_read_train_reply_builds_the_signature_that_consistent_would():
     model, replies = _replies()
     headers = ModelHeaders({n: npy(a) for n, a in model.items()})
-    read = [train_problem(msg, headers, "num-examples") for msg in replies]
+    read = [read_train_reply(msg, headers, "num-examples") for msg in replies]
     assert all(found.reason is None for found in read)
     assert [found.signature for found in read] == [signature(msg, True) for msg in replies]
     assert consistent(replies, True, [found.signature for found in read]) == consistent(replies, True)
@@ -253,23 +253,25 @@ def test_the_model_headers_are_read_once_per_global_model_and_follow_a_change(ap
         strategy = LegacyLIPS(LegacyFedAvg(), param_names=list(model), num_rounds=10)
         previous = ndarrays_to_parameters(list(model.values()))
         strategy.configure_fit(2, previous, client_manager())
-    headers = strategy._model_headers()
-    assert strategy._model_headers() is headers  # read once
-    assert strategy._previous_views() is headers.views
+    model_headers = lambda: strategy._lips_gate.model_headers(strategy._lips_previous)  # noqa: E731
+    previous_views = lambda: strategy._lips_gate.previous_views(strategy._lips_previous)  # noqa: E731
+    headers = model_headers()
+    assert model_headers() is headers  # read once
+    assert previous_views() is headers.views
     name = list(model)[0]
     changed = np.zeros(model[name].shape[::-1], model[name].dtype)
     if api == "message":
         previous[name] = Array(changed)  # the caller's record changed after configure_train
     else:
         previous.tensors[0] = npy(changed)
-    fresh = strategy._model_headers()
+    fresh = model_headers()
     assert fresh is not headers and fresh.shape[name] == changed.shape
-    np.testing.assert_array_equal(strategy._previous_views()[name], changed)
+    np.testing.assert_array_equal(previous_views()[name], changed)
     if api == "message":  # a new round's global model: read again
         list(strategy.configure_train(3, to_record(model), ConfigRecord(), grid()))
     else:
         strategy.configure_fit(3, ndarrays_to_parameters(list(model.values())), client_manager())
-    assert strategy._model_headers() is not fresh
+    assert model_headers() is not fresh
 
 
 def test_replied_headers_are_a_second_fast_path_for_their_dtypes_only():
@@ -298,10 +300,8 @@ def test_rounds_after_fedavg_made_the_buffers_float64_take_the_fast_path_with_th
         api, monkeypatch):
     """Round 2's global model has FedAvg's float64 buffers, the clients send int64: from round 3 the
     replies match the headers learned in round 2, with the aggregate the per-name checks give."""
-    import lips_flwr.strategies._message_replies as message_replies
-    import lips_flwr.strategies.legacy as legacy
+    import lips_flwr.strategies.replies.gate as module  # both APIs' checks
 
-    module = message_replies if api == "message" else legacy
     slow_calls = []
     real = module.fast_reply_problem
     monkeypatch.setattr(module, "fast_reply_problem", lambda *a, **k: slow_calls.append(1) or real(*a, **k))
@@ -334,7 +334,7 @@ def test_rounds_after_fedavg_made_the_buffers_float64_take_the_fast_path_with_th
     got, slow = run(make(), 4)
     assert slow == [0, 3, 0, 0]  # round 2's replies miss the float64 headers; later rounds do not
     fresh = make()
-    fresh._remember_replied = lambda *args: None  # every round through the per-name checks
+    fresh._lips_gate.headers.remember = lambda *args: None  # every round through the per-name checks
     want, slow_want = run(fresh, 4)
     assert slow_want == [0, 3, 3, 3]
     assert got is not None
@@ -351,7 +351,7 @@ def test_replies_are_checked_against_the_global_model_as_it_is_when_they_come(ca
     previous = to_record(model)
     strategy = LIPS(FedAvg(), num_rounds=10)
     list(strategy.configure_train(2, previous, ConfigRecord(), grid()))
-    strategy._model_headers()  # read for the old shapes
+    strategy._lips_gate.model_headers(previous)  # read for the old shapes
     name = list(model)[0]
     reshaped = dict(model, **{name: np.ascontiguousarray(model[name].reshape(model[name].shape[::-1]))})
     previous[name] = Array(reshaped[name])

@@ -502,7 +502,9 @@ class Ledger:
 
 
 class LedgerFedAvg(FedAvg):
-    """A strategy whose state is an object, not arrays or numbers."""
+    """A strategy whose state is an object, not arrays or numbers (declared: lips_state)."""
+
+    lips_state = ("ledger",)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

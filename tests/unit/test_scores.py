@@ -9,6 +9,8 @@ from lips_flwr.core.scores import (
     SCORES,
     compute_score,
     magnitude_score,
+    needs_rng,
+    needs_update,
     random_score,
     sensitivity_score,
     validate_score,
@@ -107,3 +109,10 @@ def test_unknown_score(bad):
 @pytest.mark.parametrize("name", SCORES)
 def test_validate_score_ok(name):
     assert validate_score(name) == name
+
+
+def test_each_score_declares_what_it_needs():
+    assert [name for name in SCORES if needs_update(name)] == ["sensitivity"]
+    assert [name for name in SCORES if needs_rng(name)] == ["random"]
+    with pytest.raises(ValueError, match="score"):
+        needs_update("taylor")

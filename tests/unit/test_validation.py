@@ -1,4 +1,4 @@
-"""The flwr-free reply checks shared by both strategy adapters (lips_flwr.strategies._reply_checks)."""
+"""The flwr-free reply checks shared by both strategy adapters (lips_flwr.strategies.replies.checks)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from lips_flwr._npy import read_npy
 from lips_flwr.core.checks import all_finite, names_problem, nonfinite_arrays
-from lips_flwr.strategies._reply_checks import (
+from lips_flwr.strategies.replies.checks import (
     MISSING,
     model_shapes,
     num_examples_problem,
@@ -37,7 +37,7 @@ def npy(array: np.ndarray, version=None) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("module", ["lips_flwr.strategies._reply_checks", "lips_flwr._npy",
+@pytest.mark.parametrize("module", ["lips_flwr.strategies.replies.checks", "lips_flwr._npy",
                                     "lips_flwr.core.checks"])
 def test_flwr_free(module):
     source = open(sys.modules[module].__file__).read()

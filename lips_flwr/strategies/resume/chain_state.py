@@ -1,22 +1,31 @@
-"""The wrapped strategies' state in a checkpoint, found and put back generically.
+"""What a checkpoint holds of the wrapped strategies: a declared contract, and its restore.
 
 A LIPS strategy wraps a chain of strategies (``LIPS(DP(FedAvgM(...)))``)
 whose state evolves during a run: model copies and momenta (FedAvgM's
-``momentum_vector``, FedAdam's ``m_t``/``v_t``, DP's ``current_arrays``), numbers
-(the adaptive clipping norm) and objects with a ``state_dict`` (the privacy
-accountant). What is saved, per strategy of the chain:
+``momentum_vector``, FedAdam's ``m_t``/``v_t``), numbers (the adaptive
+clipping norm) and objects with a ``state_dict`` (the privacy accountant).
+Each strategy of the chain declares its state (:func:`..chain.declared_state`):
 
-* arrays: every attribute holding model-shaped values (an ArrayRecord,
-  Parameters, a dict or list of ndarrays), whatever their value;
-* numbers and strings that changed since the run began: evolved state, not
-  settings, so a resumed strategy keeps the settings it is built with;
-* objects with ``state_dict()``/``load_state_dict()`` whose state is JSON.
+* Flower's own strategies by the table of :mod:`..flower_state`;
+* any strategy class by two class attributes, read along its bases:
+  ``lips_state = ("attr", ...)``, attributes to save, and
+  ``lips_state_exclude = ("attr", ...)``, attributes to leave out (a
+  subclass of a Flower strategy adds to or takes from Flower's row).
+
+A declared attribute is saved as model-shaped arrays (an ArrayRecord,
+Parameters, a dict or list of ndarrays), a number, string, bool or ``None``,
+or an object's JSON ``state_dict()`` (restored with ``load_state_dict``).
+Nothing else is saved: what a chain holds beyond its declared state that a
+checkpoint could save (model-shaped values, such objects, numbers and strings
+changed since the run began) is named in a warning at the first save that
+finds it (:func:`undeclared_state`), and a resumed run starts it as built.
 
 The chain's classes must be the same on resume (``ValueError`` otherwise);
 its scalar settings may differ, with a warning naming each difference. What
 is put back is checked first (:func:`restore_state`): model-shaped state
 against the checkpoint's model, values against the kind of the attribute
-they replace; each restored value is named in a warning.
+they replace; each restored value that differs from the one the strategy
+was built with is named in a warning.
 """
 
 from __future__ import annotations
@@ -24,14 +33,14 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.common import log
 
-from ._cache_sync import strategy_chain
+from ..chain import declared_state, strategy_chain
 
 # ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]
@@ -71,6 +80,13 @@ def _attributes(owner: Any) -> dict[str, tuple[Any, str]]:
     return out
 
 
+def _chain_keys(owner: Any) -> Iterator[tuple[str, Any, str]]:
+    """``("depth.Class.attribute", strategy, attribute)`` of every declared attribute of the chain."""
+    for depth, inner in enumerate(strategy_chain(owner)):
+        for attribute in declared_state(inner)[0]:
+            yield f"{depth}.{type(inner).__name__}.{attribute}", inner, attribute
+
+
 def _scalar(value: Any) -> Any:
     """``value`` as a JSON number/string/bool/None, or ``_NOT_SCALAR``."""
     if value is None or isinstance(value, (bool, str)):
@@ -108,26 +124,89 @@ def _object_state(value: Any) -> dict | None:
     return state if isinstance(state, dict) else None
 
 
-def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple[dict, dict]:
-    """``(arrays, meta)`` of the chain's state; ``settings`` is :func:`scalar_settings` at the run's start."""
-    arrays, scalars, objects = {}, {}, {}
-    for key, (inner, attribute) in _attributes(owner).items():
-        value = getattr(inner, attribute)
-        found = to_state(value)
-        if found is not None:
-            arrays[key] = found
-            continue
-        scalar = _scalar(value)
-        if scalar is not _NOT_SCALAR:
-            if key not in settings or settings[key] != scalar:
-                scalars[key] = scalar
-            continue
-        state = _object_state(value)
-        if state is not None:
-            objects[key] = state
+def _as_state(value: Any, to_state: ToState) -> tuple[str | None, Any]:
+    """``(part, saved)``: ``value`` as checkpoint state in ``part`` (arrays, scalars, objects), or nothing."""
+    found = to_state(value)
+    if found is not None:
+        return "arrays", found
+    scalar = _scalar(value)
+    if scalar is not _NOT_SCALAR:
+        return "scalars", scalar
+    state = _object_state(value)
+    return ("objects", state) if state is not None else (None, None)
+
+
+def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
+    """``(arrays, meta, unsaved)``: the chain's declared state, and the keys of declared attributes
+    that are missing or hold nothing a checkpoint saves (``settings``: :func:`scalar_settings` at
+    the run's start)."""
+    parts: dict[str, dict] = {"arrays": {}, "scalars": {}, "objects": {}}
+    unsaved = []
+    for key, inner, attribute in _chain_keys(owner):
+        part, saved = _as_state(getattr(inner, attribute, _NOT_SCALAR), to_state)
+        if part is None:
+            unsaved.append(key)
+        else:
+            parts[part][key] = saved
     meta = {"chain": chain_classes(owner), "settings": dict(settings),
-            "scalars": scalars, "objects": objects}
-    return arrays, meta
+            "scalars": parts["scalars"], "objects": parts["objects"]}
+    return parts["arrays"], meta, unsaved
+
+
+def undeclared_state(owner: Any, to_state: ToState, baseline: Mapping[str, Any]) -> list[str]:
+    """Keys of what the chain holds beyond its declared state that a checkpoint could save.
+
+    Model-shaped values and objects with a JSON ``state_dict()``, and numbers
+    and strings that differ from ``baseline`` (:func:`scalar_settings` when
+    the run began: settings are not state), unless declared left out.
+    """
+    declared = {id(inner): declared_state(inner) for inner in strategy_chain(owner)}
+    found = []
+    for key, (inner, attribute) in _attributes(owner).items():
+        state, left_out = declared[id(inner)]
+        if attribute in state or attribute in left_out:
+            continue
+        part, saved = _as_state(getattr(inner, attribute), to_state)
+        if part is not None and (part != "scalars" or baseline.get(key, _NOT_SCALAR) != saved):
+            found.append(key)
+    return found
+
+
+class ChainRecord:
+    """A run's record of its chain: the settings it began with, and what its checkpoints leave out."""
+
+    def __init__(self) -> None:
+        self.settings: dict[str, Any] = {}  # :func:`scalar_settings` when the run began
+        self._baseline: dict[str, Any] | None = None  # the same, to tell changed undeclared values
+        self._named: set[str] = set()  # the keys the log has named as left out
+
+    def begin(self, owner: Any) -> None:
+        """A run begins: its chain's settings, before any round."""
+        self.settings = scalar_settings(owner)
+        self._baseline, self._named = dict(self.settings), set()
+
+    def observe(self, owner: Any) -> None:
+        """Take the baseline now if :meth:`begin` did not (the first save comes before round 1)."""
+        if self._baseline is None:
+            self._baseline = scalar_settings(owner)
+
+    def capture(self, owner: Any, to_state: ToState, path: Any) -> tuple[dict, dict]:
+        """:func:`capture`; what it leaves out (of checkpoint ``path``) is named once per key."""
+        arrays, meta, unsaved = capture(owner, to_state, self.settings)
+        found = undeclared_state(owner, to_state, self._baseline or {})
+        undeclared = [key for key in found if key not in self._named]
+        unsaved = [key for key in unsaved if key not in self._named]
+        if undeclared:
+            log(WARNING, "LIPS: the checkpoint %s leaves out %s: the wrapped strategies hold them but do "
+                "not declare them as their state, so a resumed run starts them as built. A strategy "
+                "declares its state in its class attribute lips_state = (...), and what to leave out "
+                "in lips_state_exclude", path, ", ".join(undeclared))
+        if unsaved:
+            log(WARNING, "LIPS: the checkpoint %s cannot save the declared state %s: missing, or not "
+                "arrays, a number, string, bool, None or an object with a JSON state_dict()",
+                path, ", ".join(unsaved))
+        self._named.update(undeclared, unsaved)
+        return arrays, meta
 
 
 def shape_problem(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
@@ -178,8 +257,8 @@ def restore_state(
     ``unshaped``, has the names and shapes of ``model`` (the checkpoint's);
     each value goes to an attribute holding a value of its kind (a number for
     a number, a string for a string, a bool for a bool; any over ``None``).
-    Each restored value is named in a warning: it replaces what the strategy
-    was built with.
+    Each restored value that differs from the strategy's is named in a
+    warning: it replaces what the strategy was built with.
     """
     meta = meta or {}
     here = _attributes(owner)
@@ -228,7 +307,8 @@ def restore_state(
                              f"({value!r}), the strategy's a {type(live).__name__} ({live!r}): "
                              "not written by this strategy chain")
         updates.append((inner, attribute, value))
-        restored.append(f"{key} = {value!r} (built with {live!r})")
+        if _scalar(live) != value or type(_scalar(live)) is not type(value):
+            restored.append(f"{key} = {value!r} (built with {live!r})")
     objects = [(target(key, "the state of"), key, state) for key, state in meta.get("objects", {}).items()]
     for inner, attribute, value in updates:
         setattr(inner, attribute, value)

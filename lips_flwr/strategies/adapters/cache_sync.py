@@ -10,21 +10,14 @@ aggregation gets the mask's zeros, at every level of a chain of wrappers (``.str
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ..chain import strategy_chain
+
 CACHE_ATTRIBUTES = ("current_arrays", "current_weights", "initial_parameters")
-
-
-def strategy_chain(strategy: Any) -> Iterator[Any]:
-    """``strategy``, the strategy it wraps, the one that wraps, ..."""
-    seen: set[int] = set()
-    while strategy is not None and id(strategy) not in seen:
-        seen.add(id(strategy))
-        yield strategy
-        strategy = getattr(strategy, "strategy", None)
 
 
 def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
@@ -37,8 +30,8 @@ def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
 
 
 def _own(inner: Any, attribute: str) -> Any:
-    """The strategy's own attribute: a wrapper's ``__getattr__`` would show the wrapped one's,
-    and writing that back would leave a stale copy on the wrapper."""
+    """The strategy's own attribute, not one a class attribute or property stands for: only
+    an attribute the aggregation rebound on the strategy is its cache."""
     return vars(inner).get(attribute)
 
 

@@ -3,7 +3,7 @@
 Flower's loop counts the rounds it runs from 1 and keeps each round's
 metrics only in the ``Result`` it returns at the end. To resume after ``done``
 rounds, the loop is given a stand-in for the strategy (:class:`_StartLoop`)
-that passes the schedule's round (:meth:`._adapter.LIPSAdapter._round`, the
+that passes the schedule's round (:meth:`.base.LIPSAdapter._round`, the
 one shift both APIs use) to every strategy method, so that a subclass's
 methods see the schedule's rounds too, and, when checkpointing, records what
 each round returned, so that a checkpoint holds the metrics of the rounds it
@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ._adapter import LIPSAdapter
+from .base import LIPSAdapter
 
 HISTORY_PARTS = ("train", "evaluate", "server")  # Result's three metric series
 
@@ -44,8 +44,6 @@ class _StartLoop:
         assert isinstance(strategy, LIPSAdapter)
         self._strategy, self._done, self._history = strategy, done, history
         self._round = strategy._round
-        # Flower logs "Starting <class name> strategy".
-        self.__class__ = type(type(strategy).__name__, (_StartLoop,), {})
 
     def _record(self, part: str, server_round: int, metrics: MetricRecord | None) -> None:
         if self._history is not None and metrics is not None:
@@ -108,7 +106,10 @@ def run_start(  # pylint: disable=too-many-arguments
     ``history`` (recorded into when not ``None``) holds the metrics of rounds
     ``<= done`` when resuming; they are put in front of the new ones.
     """
-    loop = _StartLoop(strategy, done, history)
+    # Flower logs "Starting <class name> strategy" from the loop object's class: the stand-in is
+    # made an instance of a subclass named after the strategy.
+    loop_class: type[_StartLoop] = type(type(strategy).__name__, (_StartLoop,), {})
+    loop = loop_class(strategy, done, history)
     earlier = {part: dict(rounds) for part, rounds in (history or empty_history()).items()}
     result = Strategy.start(
         loop, grid, arrays, num_rounds - done, timeout,  # type: ignore[arg-type]

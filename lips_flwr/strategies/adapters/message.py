@@ -2,8 +2,9 @@
 
 Only what is particular to the Message API is here: ArrayRecords as
 ``name -> ndarray`` and back, how a reply carries its arrays and weight,
-and the ``start()`` loop (fresh or resumed, :mod:`._message_loop`). The
-round's sequence is :class:`._adapter.LIPSAdapter`'s.
+and the ``start()`` loop (fresh or resumed, :mod:`.message_loop`). The
+round's sequence is :class:`.base.LIPSAdapter`'s; the reply checks are the
+gate's (:mod:`..replies`).
 """
 
 from __future__ import annotations
@@ -11,32 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
-from typing import cast as cast_to
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
-from .._records import array_of, numpy_to_record, record_to_numpy, record_views
-from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._message_loop import empty_history, history_from_json, run_start
-from ._message_replies import (
-    TrainReply,
-    cast_replies,
-    consistent,
-    evaluate_problem,
-    in_arrival_order,
-    nonfinite_culprit,
-    record_bytes,
-    record_dict,
-    records,
-    serialization_culprits,
-    split_records,
-    train_problem,
-)
-from ._wrappers import MessageWrapper
+from ..._records import array_of, numpy_to_record, record_to_numpy, record_views
+from ..chain import strategy_chain
+from ..options import LIPSOptions, split_options
+from ..replies.message_access import MessageReplies
+from ..replies.message_records import in_arrival_order, record_bytes
+from .base import LIPSAdapter
+from .delegation import MessageWrapper
+from .message_loop import empty_history, history_from_json, run_start
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
@@ -45,7 +35,7 @@ if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
 class _LIPSMixin(LIPSAdapter):
     """The Message API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
-    # Rounds: these methods get the schedule's rounds from start()'s loop (._message_loop).
+    # Rounds: these methods get the schedule's rounds from start()'s loop (.message_loop).
 
     def start(  # pylint: disable=too-many-arguments
         self,
@@ -100,65 +90,14 @@ class _LIPSMixin(LIPSAdapter):
         as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
         reply that does not fit the global model, or whose records differ
         from most others', is dropped with a logged reason
-        (:mod:`._message_replies`); an array in another dtype than most
+        (:mod:`..replies.gate`); an array in another dtype than most
         replies' is cast first. Error replies pass on to the wrapped
         strategy, which counts them as failures.
         """
-        replies = list(replies)
-        usable = [msg for msg in replies if not msg.has_error()]
-        read: dict[int, TrainReply] = {}  # what the checks read from each reply, read once
-        if self._lips_previous is not None:
-            headers = self._model_headers()
-            weight_key = self._weight_key()
-
-            def problem(msg: Message) -> tuple[str, str | None]:
-                found = read[id(msg)] = train_problem(msg, headers, weight_key)
-                return ("" if found.reason is None else _sender(msg)), found.reason  # a sender only to log
-
-            usable, _ = self._checked(usable, problem)
-            usable = self._consistent(usable, True, [read[id(msg)].signature for msg in usable])
-            cast, chosen = cast_replies(usable, [read[id(msg)].dtypes for msg in usable], headers.dtype)
-            for msg_id in cast:
-                read[msg_id].arrays = record_dict(cast_to(ArrayRecord, read[msg_id].record))  # its new Arrays
-            first = read[id(usable[0])].arrays if usable else None
-            self._remember_replied(headers, chosen, None if first is None else _bytes_of(first))
-        inner = super().aggregate_train  # type: ignore[misc]
-        # Some strategies consume the replies (FedMedian pops their arrays): a retry
-        # after a non-finite aggregate needs them back.
-        # DP wrappers rebind a reply's records (content[name] = clipped): keep the bindings too.
-        contents: list[tuple[ArrayRecord, dict]] = []  # each ArrayRecord with its arrays as they are now
-        bindings: list[tuple[Any, list]] = []  # each RecordDict with its records
-        for msg in usable:
-            checked = read.get(id(msg))
-            if checked is None:  # not checked (no global model yet): read it here
-                content = msg.content
-                items = list(content.items())
-                contents += [(record, record_dict(record)) for _, record in split_records(items)[0]]
-            else:  # checked: its one ArrayRecord was read above
-                content, items = checked.content, checked.items
-                contents.append((cast_to(ArrayRecord, checked.record), checked.arrays))
-            bindings.append((content, items))
-        calls: list[int] = []
-
-        def aggregate(kept: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-            if calls:  # a retry
-                _restore(contents, bindings)
-            calls.append(len(kept))
-            return inner(server_round, in_arrival_order(replies, kept))
-
-        def culprit(kept: list[Message]) -> tuple[int, str] | None:
-            _restore(contents, bindings)
-            return nonfinite_culprit(kept)
-
-        def unreadable(kept: list[Message]) -> list[tuple[int, str]]:
-            _restore(contents, bindings)
-            return serialization_culprits(kept)
-
-        arrays, metrics, lips_metrics = self._aggregate_round(
-            server_round, usable, aggregate, culprit,
-            lambda msg, reason: self._log_drop(_sender(msg), reason), lambda: _client_reports(usable),
-            unreadable)
-        if arrays is not None:
+        access = MessageReplies(list(replies), server_round, self._weight_key(),
+                                super().aggregate_train)  # type: ignore[misc]
+        arrays, metrics, lips_metrics = self._aggregate_round(server_round, access)
+        if arrays is not None:  # the round's lips-* metrics join the wrapped strategy's
             metrics = MetricRecord() if metrics is None else metrics
             for key, value in lips_metrics.items():
                 metrics[key] = value
@@ -166,20 +105,18 @@ class _LIPSMixin(LIPSAdapter):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The wrapped strategy's evaluate aggregate of the usable replies (weights and keys checked)."""
-        replies = list(replies)
-        usable = [msg for msg in replies if not msg.has_error()]
-        weight_key = self._weight_key()
-        usable, _ = self._checked(usable, lambda m: (_sender(m), evaluate_problem(m, weight_key)))
-        usable = self._consistent(usable, arrays=False)
-        return super().aggregate_evaluate(server_round, in_arrival_order(replies, usable))  # type: ignore[misc]
+        access = MessageReplies(list(replies), server_round, self._weight_key())
+        usable = self._lips_gate.admit_evaluate(access)
+        return super().aggregate_evaluate(  # type: ignore[misc]
+            server_round, in_arrival_order(access.replies, usable))
 
-    def _consistent(
-        self, replies: list[Message], arrays: bool, signatures: list[tuple] | None = None
-    ) -> list[Message]:
-        kept, reasons = consistent(replies, arrays, signatures)
-        for index, reason in reasons.items():
-            self._log_drop(_sender(replies[index]), reason)
-        return kept
+    def _weight_key(self) -> str | None:
+        """The metric the wrapped chain weights replies by (Message FedAvg's ``weighted_by_key``)."""
+        for inner in strategy_chain(self):
+            key = getattr(inner, "weighted_by_key", None)
+            if isinstance(key, str):
+                return key
+        return None
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -232,34 +169,6 @@ class _LIPSMixin(LIPSAdapter):
         return numpy_to_record(arrays) if kind == "arrayrecord" else super()._from_state(kind, arrays)
 
 
-def _restore(contents: list[tuple[ArrayRecord, dict]], bindings: list[tuple[Any, list]]) -> None:
-    """Put the replies back as they came: their records, and those records' arrays."""
-    for content, items in bindings:
-        for name, record in items:
-            if content.get(name) is not record:
-                content[name] = record
-    for record, arrays in contents:
-        record.clear()
-        record.update(arrays)
-
-
-def _bytes_of(arrays: Mapping[str, Array]) -> dict[str, Any]:
-    """``name -> Array.data`` (what the checks compare)."""
-    return {name: array.data for name, array in arrays.items()}
-
-
-def _sender(msg: Message) -> str:
-    return f"node {msg.metadata.src_node_id}"
-
-
-def _client_reports(replies: list[Message]) -> int:
-    """How many replies carry ``lips-client-zeros`` (client mode: clients that masked)."""
-    return sum(
-        any("lips-client-zeros" in m for _, m in records(msg, MetricRecord))
-        for msg in replies if not msg.has_error()
-    )
-
-
 class LIPS(_LIPSMixin, MessageWrapper):
     """LIPS transient sparsity around any Message API strategy.
 
@@ -272,6 +181,12 @@ class LIPS(_LIPSMixin, MessageWrapper):
     merged into the aggregated train MetricRecord.
 
     Wrap the outermost layer: ``LIPS(DifferentialPrivacy...(FedAvg(...)))``.
+    With ``checkpoint_path``, a checkpoint holds the wrapped strategies'
+    declared state: Flower's own strategies' is listed in
+    :mod:`lips_flwr.strategies.flower_state`; a strategy of your own
+    declares its state in a class attribute, ``lips_state = ("attr", ...)``,
+    and what to leave out in ``lips_state_exclude``
+    (:mod:`lips_flwr.strategies.resume.chain_state`).
 
     Parameters
     ----------

@@ -1,11 +1,11 @@
 """Checkpoint and resume, as both adapters do it after their own conversions.
 
 The checkpoint is assembled here: the core's settings and plain-data state
-(layer choice, inertia series, inertia trigger's series: :meth:`LIPSCore.state`), the run key, the
-wrapped strategies' state (:mod:`._strategy_state`) and the RNGs' state; the
-file format is :mod:`lips_flwr.persistence.checkpoint`'s. On resume the
-checkpoint is checked against the live settings, the run's initial model and
-its own model's shapes, then everything is put back. Each adapter holds one
+(:mod:`.core_state`), the run key, the wrapped strategies' state
+(:mod:`.chain_state`) and the RNGs' state; the file format is
+:mod:`lips_flwr.persistence.checkpoint`'s. On resume the checkpoint is checked
+against the live settings, the run's initial model and its own model's
+shapes, then everything is put back. Each adapter holds one
 :class:`CheckpointKeeper`, which holds the checkpoint's lock for its run.
 """
 
@@ -19,10 +19,8 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from ..core.layers import candidate_names, select_layers
-from ..core.lips import LIPSCore
-from ..core.trigger import check_trigger_state
-from ..persistence.checkpoint import (
+from ...core.lips import LIPSCore
+from ...persistence.checkpoint import (
     Checkpoint,
     check_writable,
     checkpoint_to_resume,
@@ -33,21 +31,15 @@ from ..persistence.checkpoint import (
     restore_numpy_random,
     restore_python_random,
     save_checkpoint,
-    settings_mismatch,
     validate_resume,
 )
-from ..persistence.history import HistoryLog
-from ..persistence.identity import fingerprint_mismatch, model_fingerprint
-from ..persistence.lock import CheckpointLock, lock_checkpoint
-from ..protocol import new_run_key
-from ._strategy_state import (
-    FromState,
-    ToState,
-    capture,
-    restore_state,
-    scalar_settings,
-    unshaped_state,
-)
+from ...persistence.history import HistoryLog
+from ...persistence.identity import fingerprint_mismatch
+from ...persistence.lock import CheckpointLock, lock_checkpoint
+from ...protocol import new_run_key
+from ..chain import check_declarations
+from .chain_state import ChainRecord, FromState, ToState, restore_state, unshaped_state
+from .core_state import checkpoint_of, continue_schedule, run_identity
 
 
 class CheckpointKeeper:
@@ -65,7 +57,7 @@ class CheckpointKeeper:
         self.path, self.resume = validate_resume(path, resume)
         self.saved_round: int | None = None  # the round of the file on disk, written or read
         self.seconds: float | None = None  # time of the last save, not yet reported
-        self._settings: dict = {}
+        self._chain = ChainRecord()  # the wrapped strategies' part
         self._pending_random: Checkpoint | None = None
         # Names the run for the clients' persisted state: a new run gets a new key, a resumed one keeps it.
         self.run_key: str | None = None
@@ -85,9 +77,10 @@ class CheckpointKeeper:
         self._release()
         self.saved_round, self.seconds, self._pending_random = None, None, None
         self.run_key, self.identity, self._history = None, None, None
-        self._settings = scalar_settings(owner)  # the wrapped strategies' settings, before any round
+        self._chain.begin(owner)  # the wrapped strategies' settings, before any round
         if self.path is None:
             return None
+        check_declarations(owner)  # TypeError: a malformed lips_state, before any round
         check_writable(self.path)  # also before reading: a folder given as the path is named so
         self._lock = lock_checkpoint(self.path)  # ValueError: another run is writing it
         if self._lock.os_note is not None:
@@ -195,6 +188,7 @@ class CheckpointKeeper:
         """
         if self.path is None:
             return
+        self._chain.observe(owner)  # before round 1 when begin() did not run (a loop other than start())
         if server_round == 0 and self.identity is None:
             self.identity = run_identity(model, core.settings(), core.schedule.num_rounds)
         if server_round < 1 or server_round == self.saved_round:
@@ -202,7 +196,7 @@ class CheckpointKeeper:
         self._hold_lock()
         start = time.perf_counter()
         checkpoint = checkpoint_of(core, server_round, model, self.run_key)
-        checkpoint.strategy, checkpoint.strategy_meta = capture(owner, to_state, self._settings)
+        checkpoint.strategy, checkpoint.strategy_meta = self._chain.capture(owner, to_state, self.path)
         checkpoint.unshaped_state = unshaped_state(checkpoint.strategy, checkpoint.model)
         checkpoint.identity = self.identity
         checkpoint.python_random = python_random_state()
@@ -236,116 +230,4 @@ class CheckpointKeeper:
             self.seconds = None
 
 
-def checkpoint_of(
-    core: LIPSCore, server_round: int, model: Mapping[str, np.ndarray], run_key: str | None = None
-) -> Checkpoint:
-    """The core's part of a checkpoint after ``server_round``; ``model`` is the broadcast one."""
-    state = core.state()
-    return Checkpoint(
-        round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
-        model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
-        trigger=state["trigger"],
-    )
-
-
-def run_identity(model: Mapping[str, np.ndarray], settings: dict, num_rounds: int) -> dict:
-    """A run's identity: its initial model's fingerprint, its settings and ``num_rounds``."""
-    return {"initial_model": model_fingerprint(model), "settings": dict(settings), "num_rounds": num_rounds}
-
-
-def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """Take the schedule position, layer choice, inertia series and trigger series of ``checkpoint``.
-
-    Raises ``ValueError`` naming every difference when the checkpoint was
-    written with other hyperparameters or another ``num_rounds``: it would
-    not continue the same schedule; and naming what does not fit when its
-    layer choice is not what ``core``'s ``layers`` selects on its model, or
-    its inertia series or inertia trigger's series does not fit its model.
-    """
-    problems = settings_mismatch(checkpoint.settings, core.settings())
-    if core.num_rounds is not None and checkpoint.num_rounds != core.num_rounds:
-        problems.append(f"num_rounds: checkpoint {checkpoint.num_rounds}, now {core.num_rounds}")
-    if not 0 <= checkpoint.round <= checkpoint.num_rounds:
-        problems.append(f"round {checkpoint.round} is outside 0..{checkpoint.num_rounds}")
-    if problems:
-        raise ValueError(
-            "the checkpoint was written by a LIPS strategy with other settings; "
-            "resuming would not continue the same schedule: " + "; ".join(problems)
-        )
-    check_core_state(core, checkpoint)
-    if core.num_rounds is None:
-        core.set_num_rounds(checkpoint.num_rounds)
-    core.load_state({"layers": checkpoint.layers, "inertia": checkpoint.inertia,
-                     "trigger": checkpoint.trigger}, checkpoint.model, checkpoint.round)
-
-
-def check_core_state(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """``ValueError`` unless the checkpoint's layer choice, inertia series and trigger series fit
-    its model and ``core``."""
-    model = checkpoint.model
-    if core.inertia_trigger is not None:
-        if checkpoint.trigger is None:
-            raise ValueError("the checkpoint has no inertia-trigger series, which trigger='inertia' "
-                             "needs to continue: the checkpoint is damaged")
-        try:
-            check_trigger_state(checkpoint.trigger, core.inertia_trigger.window, core.inertia_trigger.every,
-                                candidate_names(model), checkpoint.round)
-        except ValueError as err:
-            raise ValueError(f"the checkpoint's inertia-trigger series does not fit its model and "
-                             f"settings: {err}") from err
-    if checkpoint.layers is not None:
-        missing = [n for n in checkpoint.layers if n not in model]
-        if missing:
-            raise ValueError(f"the checkpoint's layer choice names {missing}, which its model lacks: "
-                             "the checkpoint is damaged")
-        label = _layers_label(core.layers)
-        try:
-            expected = select_layers(_as_initial(model, checkpoint.identity), core.layers)
-        except ValueError as err:
-            raise ValueError(f"layers={label} does not fit the checkpoint's model: {err}") from err
-        if list(checkpoint.layers) != expected:
-            raise ValueError(f"the checkpoint's layer choice {list(checkpoint.layers)} is not what "
-                             f"layers={label} selects on its model ({expected}): resuming would mask "
-                             "other layers than the run did")
-    inertia = checkpoint.inertia
-    if inertia is None or core.inertia is None:
-        return
-    tracked = candidate_names(model)
-    for part in ("reference", "previous"):
-        tensors = inertia.get(part)
-        if tensors is None:
-            continue
-        problems = []
-        unknown = [n for n in tensors if n not in model]
-        if unknown:
-            problems.append(f"names {unknown[:5]} the model lacks")
-        shapes = [f"{n} {np.shape(tensors[n])}, the model's {np.shape(model[n])}"
-                  for n in tensors if n in model and np.shape(tensors[n]) != np.shape(model[n])]
-        if shapes:
-            problems.append("other shapes: " + "; ".join(shapes[:5]))
-        lacking = [n for n in tracked if n not in tensors]
-        if lacking:
-            problems.append(f"no {lacking[:5]}, tracked in the model")
-        if problems:
-            raise ValueError(f"the checkpoint's inertia {part} model does not fit its model: "
-                             + ", ".join(problems))
-
-
-def _layers_label(layers: Any) -> str:
-    if callable(layers):
-        return f"callable {getattr(layers, '__qualname__', type(layers).__name__)}"
-    return repr(layers if isinstance(layers, str) else list(layers))
-
-
-def _as_initial(model: Mapping[str, np.ndarray], identity: dict | None) -> Mapping[str, np.ndarray]:
-    """``model`` with the dtypes of its run's initial model, on which the layers were chosen.
-
-    Flower's Message API FedAvg returns integer buffers as float64: the
-    checkpoint's model may have other dtypes than the model the run started with.
-    """
-    if identity is None:
-        return model
-    dtypes = dict(zip(identity["initial_model"]["names"], identity["initial_model"]["dtypes"]))
-    return {name: array if name not in dtypes or np.dtype(dtypes[name]) == array.dtype
-            else array.astype(np.dtype(dtypes[name]))
-            for name, array in model.items()}
+__all__ = ["CheckpointKeeper"]

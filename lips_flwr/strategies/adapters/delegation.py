@@ -1,14 +1,19 @@
-"""Strategies that delegate every call to the strategy they wrap (``self.strategy``), one per API.
+"""Strategies that pass every Flower call on to the strategy they wrap (``self.strategy``), one per API.
 
-``LIPS`` and ``LegacyLIPS`` put the LIPS hooks in front of these; any method
-LIPS does not override reaches the wrapped strategy unchanged, and so does
-any other attribute (a DP wrapper's ``privacy_spent()``, a FedAvg's settings).
+``LIPS`` and ``LegacyLIPS`` put the LIPS hooks in front of these. Delegation
+is explicit, method by method, as in Flower's own DP wrappers
+(``flwr.serverapp.strategy.dp_fixed_clipping``): what a wrapped strategy
+offers beyond Flower's ``Strategy`` is reached through ``.strategy``
+(``LIPS(FedAvg(...)).strategy.fraction_train``), except for
+:meth:`MessageWrapper.privacy_spent`, which LIPS answers for a DP wrapper
+inside it. Asking the wrapper for an attribute only the wrapped strategy has
+is an ``AttributeError`` that says where it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
@@ -24,20 +29,22 @@ EvaluateResults = list[tuple[ClientProxy, EvaluateRes]]
 EvaluateFailures = list[tuple[ClientProxy, EvaluateRes] | BaseException]
 
 
-class Delegate:
-    """Attribute access that falls through to the wrapped ``self.strategy``."""
+class Wrapper:
+    """What both wrappers share: an attribute they lack is not looked up in the wrapped strategy."""
 
     strategy: Any
 
-    def __getattr__(self, name: str) -> Any:
-        # Reach the wrapped strategy's own API (a DP wrapper's privacy_spent(), a FedAvg's settings).
-        if name == "strategy" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    def __getattr__(self, name: str) -> NoReturn:
+        # Only reached when normal lookup fails: say where the attribute is, never return it.
+        wrapped = vars(self).get("strategy")
+        if name.startswith("__") or wrapped is None or not hasattr(wrapped, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}; the wrapped "
+                             f"{type(wrapped).__name__} has it: .strategy.{name}")
 
 
-class MessageWrapper(Delegate, Strategy):
-    """A Strategy that delegates everything to ``self.strategy``."""
+class MessageWrapper(Wrapper, Strategy):
+    """A Message API Strategy that delegates every call to ``self.strategy``."""
 
     strategy: Strategy
 
@@ -64,9 +71,15 @@ class MessageWrapper(Delegate, Strategy):
     ) -> MetricRecord | None:
         return self.strategy.aggregate_evaluate(server_round, replies)
 
+    def privacy_spent(self) -> Any:
+        """The privacy spent so far by the DP wrapper LIPS wraps (Flower's ``privacy_spent()``, with
+        an accountant); ``None`` when the wrapped strategy keeps no account."""
+        spent = getattr(self.strategy, "privacy_spent", None)
+        return spent() if callable(spent) else None
 
-class LegacyWrapper(Delegate, LegacyStrategy):
-    """A legacy Strategy that delegates everything to ``self.strategy``."""
+
+class LegacyWrapper(Wrapper, LegacyStrategy):
+    """A legacy Strategy that delegates every call to ``self.strategy``."""
 
     strategy: LegacyStrategy
 
@@ -97,3 +110,7 @@ class LegacyWrapper(Delegate, LegacyStrategy):
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         return self.strategy.evaluate(server_round, parameters)
+
+
+__all__ = ["EvaluateFailures", "EvaluateResults", "FitFailures", "FitResults", "LegacyWrapper",
+           "MessageWrapper"]

@@ -5,7 +5,7 @@ strategy is given the names in the order clients send them
 (``list(net.state_dict().keys())``); without names it uses positions and the
 default rank-based layer rule, which needs no names. Only what is particular
 to the legacy API is here; the round's sequence is
-:class:`._adapter.LIPSAdapter`'s.
+:class:`.base.LIPSAdapter`'s; the reply checks are the gate's (:mod:`..replies`).
 """
 
 from __future__ import annotations
@@ -17,28 +17,21 @@ import numpy as np
 from flwr.common import (
     EvaluateIns,
     FitIns,
-    FitRes,
     Parameters,
     Scalar,
-    ndarray_to_bytes,
     ndarrays_to_parameters,
 )
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 
-from .._npy import read_npy
-from ..core.checks import names_problem
-from ..persistence.checkpoint import Checkpoint
-from ._adapter import LIPSAdapter, LIPSOptions, split_options
-from ._reply_checks import (
-    ModelHeaders,
-    culprit_among,
-    fast_reply_problem,
-    num_examples_problem,
-    round_dtypes,
-)
-from ._wrappers import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
+from ..._npy import read_npy
+from ...core.checks import names_problem
+from ...persistence.checkpoint import Checkpoint
+from ..options import LIPSOptions, split_options
+from ..replies.legacy_access import LegacyReplies
+from .base import LIPSAdapter
+from .delegation import EvaluateFailures, EvaluateResults, FitFailures, FitResults, LegacyWrapper
 
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
@@ -49,8 +42,8 @@ _NAMES_HINT = "pass the names in the order the clients send them (e.g. list(net.
 class _LegacyLIPSMixin(LIPSAdapter):
     """The legacy API's LIPS hooks; ``super()`` is the strategy whose aggregate is masked."""
 
+    SAVE_AFTER_LAST_ROUND = True  # Flower's legacy Server calls no configure_fit after the last round
     param_names: list[str] | None
-    _lips_shapes: dict[str, tuple[int, ...]] | None = None  # of the current global model
     _lips_resumed: Checkpoint | None = None
 
     def _init_legacy(self, param_names: Any, lips: dict[str, Any]) -> None:
@@ -102,7 +95,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
                 f"got {parameters.tensor_type!r}"
             )
         extra = self._begin_round(server_round, parameters)
-        self._lips_shapes = {n: a.shape for n, a in self._views(parameters).items()}
         instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
 
@@ -119,89 +111,18 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
 
         Results keep the order they came in (``tau0=0`` reproduces the wrapped
-        strategy bit for bit); those that fail the checks of the
-        Message API adapter (:func:`._reply_checks.reply_problem`), or make
-        the aggregate non-finite, move to ``failures``; arrays in another
-        dtype than most results' are cast first.
+        strategy bit for bit); those that fail the reply gate's checks
+        (:mod:`..replies.gate`, as in the Message API), or make the aggregate
+        non-finite, move to ``failures``; arrays in another dtype than most
+        results' are cast first.
         """
         server_round = self._round(server_round)
-        last = server_round == self.core.schedule.num_rounds
-        failures = list(failures)
-        results = list(results)
-        if self._lips_previous is not None:
-            headers = self._model_headers()
-            dtypes: dict[int, Mapping[str, np.dtype]] = {}
-
-            def problem(result: tuple[ClientProxy, FitRes]) -> tuple[str, str | None]:
-                reason, dtypes[id(result)] = self._result_problem(result, headers)
-                return f"client {result[0].cid}", reason
-
-            results, dropped = self._checked(results, problem)
-            failures.extend(dropped)
-            chosen = self._cast_results(results, [dtypes[id(r)] for r in results], headers.dtype)
-            first = dict(zip(headers.names, results[0][1].parameters.tensors)) if results else None
-            self._remember_replied(headers, chosen, first)
-        inner = super().aggregate_fit  # type: ignore[misc]
-
-        def drop(result: tuple[ClientProxy, FitRes], reason: str) -> None:
-            self._log_drop(f"client {result[0].cid}", reason)
-            failures.append(result)
-
-        # DP wrappers rebind a result's parameters (clipped): a retry needs them as they came.
-        saved = [(res, res.parameters, list(res.parameters.tensors)) for _, res in results]
-        calls: list[int] = []
-
-        def aggregate(kept: FitResults) -> tuple[Parameters | None, dict[str, Scalar]]:
-            if calls:  # a retry
-                _restore_results(saved)
-            calls.append(len(kept))
-            return inner(server_round, kept, failures)
-
-        def culprit(kept: FitResults) -> tuple[int, str] | None:
-            _restore_results(saved)
-            return culprit_among([self._views(res.parameters) for _, res in kept],
-                                 [res.num_examples for _, res in kept])
-
-        parameters, metrics, lips_metrics = self._aggregate_round(
-            server_round, results, aggregate, culprit, drop,
-            lambda: sum("lips-client-zeros" in (res.metrics or {}) for _, res in results))
-        if last:  # no configure_fit follows to save the final model
-            model = parameters if parameters is not None else self._lips_previous
-            if model is not None:
-                self._save_checkpoint(server_round, model)
-                if parameters is not None:
-                    self._lips_keeper.report(lips_metrics)
+        access = LegacyReplies(results, list(failures), server_round, self._views,
+                               super().aggregate_fit)  # type: ignore[misc]
+        parameters, metrics, lips_metrics = self._aggregate_round(server_round, access)
         if parameters is None:
             return parameters, metrics if metrics is not None else {}
         return parameters, {**(metrics or {}), **lips_metrics}
-
-    def _result_problem(
-        self, result: tuple[ClientProxy, FitRes], headers: ModelHeaders
-    ) -> tuple[str | None, Mapping[str, np.dtype]]:
-        _, res = result
-        names, tensors = headers.names, res.parameters.tensors
-        if len(tensors) != len(names):
-            return f"{len(tensors)} arrays, expected {len(names)}", {}
-        known = headers.dtypes_in_order(tensors)  # the usual case: no name -> bytes dict to build
-        if known is not None:
-            return num_examples_problem(res.num_examples, "num_examples"), known
-        return fast_reply_problem(headers, dict(zip(names, tensors)), res.num_examples, "num_examples")
-
-    def _cast_results(
-        self, results: FitResults, dtypes: list[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-    ) -> Mapping[str, np.dtype]:
-        """Re-serialize arrays in another dtype than most results' (:func:`._reply_checks.round_dtypes`);
-        the dtypes chosen."""
-        chosen, mixed = round_dtypes(dtypes, previous)
-        if not mixed:
-            return chosen
-        for (_, res), found in zip(results, dtypes):
-            for i, (name, dtype) in enumerate(found.items()):
-                if dtype != chosen[name]:
-                    # astype(order="C"), not ascontiguousarray: that makes a 0-d buffer 1-d
-                    data = read_npy(res.parameters.tensors[i]).astype(chosen[name], order="C")
-                    res.parameters.tensors[i] = ndarray_to_bytes(data)
-        return chosen
 
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -219,12 +140,10 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self, server_round: int, results: EvaluateResults, failures: EvaluateFailures
     ) -> tuple[float | None, dict[str, Scalar]]:
         """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures."""
-        failures = list(failures)
-        results, dropped = self._checked(results, lambda r: (
-            f"client {r[0].cid}", num_examples_problem(r[1].num_examples, "num_examples")))
-        failures.extend(dropped)
+        access = LegacyReplies(results, list(failures), server_round)
+        results = self._lips_gate.admit_evaluate(access)
         return super().aggregate_evaluate(  # type: ignore[misc]
-            self._round(server_round), results, failures)
+            self._round(server_round), results, access.failures)
 
     def evaluate(
         self, server_round: int, parameters: Parameters
@@ -284,13 +203,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         return super()._from_state(kind, arrays)
 
 
-def _restore_results(saved: list[tuple[FitRes, Parameters, list[bytes]]]) -> None:
-    """Put each result's parameters back as they came (a DP wrapper may have rebound them)."""
-    for res, parameters, tensors in saved:
-        res.parameters = parameters
-        parameters.tensors[:] = tensors
-
-
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
     """LIPS around any legacy strategy: masks the aggregate after ``aggregate_fit``.
 
@@ -312,6 +224,8 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         constructor; after a resume run
         ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's loop counts
         from 1; LIPS passes the schedule's round on to the wrapped strategy).
+        A checkpoint holds the wrapped strategies' declared state, as for
+        :class:`~lips_flwr.strategies.LIPS` (``lips_state``).
     """
 
     def __init__(

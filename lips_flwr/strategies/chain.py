@@ -1,0 +1,67 @@
+"""The chain of strategies a LIPS strategy wraps: ``LIPS(DP(FedAvgM(...)))``, and its declared state.
+
+A wrapper (Flower's DP wrappers, ``LIPS``) holds the strategy it wraps in
+``.strategy``; the reply gate, the cache sync and the checkpoint walk the
+chain from the LIPS strategy down. What each strategy of the chain keeps
+between rounds is declared (:func:`declared_state`): Flower's own strategies
+in :mod:`.flower_state`, any strategy class by its ``lips_state`` and
+``lips_state_exclude`` class attributes; a checkpoint saves exactly that
+(:mod:`.resume.chain_state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .flower_state import FLOWER_STATE
+
+
+def strategy_chain(strategy: Any) -> Iterator[Any]:
+    """``strategy``, the strategy it wraps, the one that wraps, ..."""
+    seen: set[int] = set()
+    while strategy is not None and id(strategy) not in seen:
+        seen.add(id(strategy))
+        yield strategy
+        strategy = getattr(strategy, "strategy", None)
+
+
+def inner_name(chain: list[Any]) -> str:
+    """The class name of the strategy LIPS wraps (the LIPS strategy's own for the FedAvg subclasses)."""
+    return type(chain[1] if len(chain) > 1 else chain[0]).__name__
+
+
+def declared_state(strategy: Any) -> tuple[tuple[str, ...], frozenset[str]]:
+    """``(state, left out)``: the attributes of ``strategy`` a checkpoint saves, and those it leaves out.
+
+    Read along the strategy's classes from its bases down: Flower's row
+    (:data:`.flower_state.FLOWER_STATE`), then the class's own ``lips_state``
+    and ``lips_state_exclude``; a class further down overrides its bases.
+    """
+    state: dict[str, None] = {}
+    left_out: set[str] = set()
+    for cls in reversed(type(strategy).__mro__):
+        keep, rewritten = FLOWER_STATE.get(cls, ((), ()))
+        for name in (*keep, *_declared(cls, "lips_state")):
+            state[name] = None
+            left_out.discard(name)
+        for name in (*rewritten, *_declared(cls, "lips_state_exclude")):
+            state.pop(name, None)
+            left_out.add(name)
+    return tuple(state), frozenset(left_out)
+
+
+def check_declarations(owner: Any) -> None:
+    """``TypeError`` for a ``lips_state``/``lips_state_exclude`` of the chain that is not a tuple of names."""
+    for inner in strategy_chain(owner):
+        declared_state(inner)
+
+
+def _declared(cls: type, attribute: str) -> tuple[str, ...]:
+    names = vars(cls).get(attribute, ())
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{cls.__name__}.{attribute} must be a tuple of attribute names, got {names!r}")
+    return tuple(names)
+
+
+__all__ = ["check_declarations", "declared_state", "inner_name", "strategy_chain"]

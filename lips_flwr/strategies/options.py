@@ -1,0 +1,106 @@
+"""The keyword arguments every LIPS strategy takes, and the options forced on strategies built in a block.
+
+``lips-flwr compare`` runs a user's app unchanged with LIPS off: every LIPS
+strategy the app builds gets ``tau0=0``, which reproduces the wrapped
+strategy bit for bit (client mods then mask nothing either)::
+
+    with forced_options(tau0=0.0):
+        server_app(grid, context)    # LIPS(FedAvg(...)) inside is FedAvg
+
+The forced values replace what the app passes, at construction, and each
+strategy logs them once. A :class:`~contextvars.ContextVar` holds them, so a
+block covers the thread (or task) it runs in, and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from logging import INFO
+from types import MappingProxyType
+from typing import Any, TypedDict
+
+from flwr.common import log
+
+from ..core.layers import LayerSpec
+from ..core.lips import OPTIONS, TRIGGER_OPTIONS
+
+CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
+CORE_OPTIONS = (*OPTIONS, *TRIGGER_OPTIONS)  # what LIPSCore takes
+ALL_OPTIONS = (*CORE_OPTIONS, *CHECKPOINT_OPTIONS)
+
+
+class LIPSOptions(TypedDict, total=False):
+    """The keyword arguments every LIPS strategy takes, written once.
+
+    The README's Options table is their one description (defaults, ranges,
+    meaning); :class:`~lips_flwr.core.lips.LIPSCore` validates them.
+    """
+
+    num_rounds: int | None
+    tau0: float
+    every: int
+    start_round: int
+    decay: str
+    score: str
+    layers: LayerSpec
+    mode: str
+    seed: int
+    inertia_t0: int | None
+    trigger: str
+    trigger_window: int
+    trigger_factor: float
+    checkpoint_path: str | os.PathLike[str] | None
+    resume: bool | str
+
+
+def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the LIPS options out of ``kwargs`` (the FedAvg subclasses pass the rest to FedAvg)."""
+    return {k: kwargs.pop(k) for k in ALL_OPTIONS if k in kwargs}
+
+
+def lips_options(owner: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the forced values in place of the app's; ``TypeError`` for a name that is
+    not a LIPS option (``owner``: the strategy's class name, for the messages)."""
+    options = with_forced(owner, options)
+    unknown = sorted(set(options) - set(ALL_OPTIONS))
+    if unknown:
+        raise TypeError(f"{owner}() got unexpected keyword arguments {unknown}; "
+                        f"the LIPS options are {list(ALL_OPTIONS)}")
+    return options
+
+
+_FORCED: ContextVar[Mapping[str, Any]] = ContextVar("lips_forced_options", default=MappingProxyType({}))
+
+
+@contextmanager
+def forced_options(**options: Any) -> Iterator[None]:
+    """Force ``options`` (LIPS keyword arguments, e.g. ``tau0=0.0``) on every LIPS strategy built inside.
+
+    Raises ``TypeError`` for a name that is not a LIPS option; the values are
+    validated by each strategy, as if the app had passed them.
+    """
+    unknown = sorted(set(options) - set(ALL_OPTIONS))
+    if unknown:
+        raise TypeError(f"forced_options() got {unknown}, which are not LIPS options")
+    token = _FORCED.set(MappingProxyType({**_FORCED.get(), **options}))
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def with_forced(owner: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with the forced values in place of the app's (logged when there are any)."""
+    forced = _FORCED.get()
+    if not forced:
+        return dict(options)
+    log(INFO, "LIPS: %s built with forced options %s (the app's: %s)", owner, dict(forced),
+        {k: options[k] for k in forced if k in options})
+    return {**options, **forced}
+
+
+__all__ = ["ALL_OPTIONS", "CHECKPOINT_OPTIONS", "CORE_OPTIONS", "LIPSOptions", "forced_options",
+           "lips_options", "split_options"]

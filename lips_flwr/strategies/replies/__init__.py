@@ -1,0 +1,13 @@
+"""The reply gate both Flower APIs share (:mod:`.gate`).
+
+- :mod:`.checks`: what makes one reply unusable (no flwr import);
+- :mod:`.headers`: the global model's ``.npy`` headers and the fast paths they allow;
+- :mod:`.dtypes`: the dtype a round is aggregated in, and the cast to it;
+- :mod:`.gate`: admission, the retry after a bad aggregate, the chain's state for it;
+- :mod:`.message_access`, :mod:`.message_records`, :mod:`.legacy_access`: what the
+  gate needs of each API's replies.
+"""
+
+from .gate import Aggregated, ReplyAccess, ReplyGate
+
+__all__ = ["Aggregated", "ReplyAccess", "ReplyGate"]

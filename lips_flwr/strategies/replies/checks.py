@@ -1,0 +1,154 @@
+"""What makes one client reply unusable, and why (no flwr import).
+
+The checks read the raw wire format, the same in both Flower APIs: each
+array serialized with ``np.save`` (the ``data`` of a Message API ``Array``, an
+entry of legacy ``Parameters.tensors``). :func:`lips_flwr._npy.read_npy` parses
+the ``.npy`` header and returns a read-only view of the bytes, so checking a
+reply copies no array data: the only full pass is the NaN/Inf test of each
+floating-point array (:func:`lips_flwr.core.checks.all_finite`), which the
+gate runs on the aggregate, and on the replies only to find a culprit.
+
+A reply is rejected when its arrays do not match the global model (names,
+count, shapes), cannot be read, are not real numbers (complex, object, text),
+contain NaN or Inf, or when its example count, the weight of a weighted mean,
+is missing, not a number, not finite, not positive or absurdly large. Dtype
+changes between real numeric types are accepted: Flower's own aggregation
+turns integer buffers into float64 (``num_batches_tracked``) and FedAdam
+returns float64 for float32 models, so clients legitimately send other dtypes
+back (:mod:`.dtypes` decides which dtype a round is aggregated in).
+
+A new value-level rule (a reply whose values are out of bounds, say) goes
+into :func:`reply_problem` when it reads the arrays of one reply, or into
+:func:`culprit_among` when it explains a bad aggregate.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import numpy as np
+
+from ..._npy import NUMPY_SERIALIZATION, npy_shape, read_npy
+from ...core.checks import arrays_mismatch, nonfinite_arrays
+
+# Above 2**53 a float64 no longer counts examples exactly; no client has that many.
+MAX_NUM_EXAMPLES = 2**53
+REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats
+MISSING = object()  # a reply without the example count the inner strategy weights by
+
+
+def model_shapes(tensors: Mapping[str, bytes]) -> dict[str, tuple[int, ...]]:
+    """``name -> shape`` of a serialized model (the global model), from the headers."""
+    return {name: npy_shape(data) for name, data in tensors.items()}
+
+
+def serialization_problem(formats: Mapping[str, str]) -> str | None:
+    """Why arrays in another serialization than numpy's cannot be checked or averaged."""
+    other = {n: f for n, f in formats.items() if f != NUMPY_SERIALIZATION}
+    if other:
+        name, fmt = next(iter(other.items()))
+        return f"array {name!r} is serialized as {fmt!r}, expected {NUMPY_SERIALIZATION!r}"
+    return None
+
+
+def num_examples_problem(value: object, key: str = "num-examples") -> str | None:
+    """Why an example count cannot weight a mean, or ``None`` if it can.
+
+    It must be a finite real number in ``(0, 2**53]``: a non-positive weight
+    is meaningless (and an all-zero round divides by zero in FedAvg), NaN and
+    Inf poison the mean.
+    """
+    if value is MISSING:
+        return f"no {key!r} in its metrics"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"{key!r} is {value!r}, not a number"
+    number = cast(float, value)  # typeshed's numbers.Real has no `>`
+    if not math.isfinite(number) or number <= 0 or number > MAX_NUM_EXAMPLES:
+        return f"{key!r} is {value!r}: it must be > 0 and <= 2**53"
+    return None
+
+
+def reply_problem(
+    expected: Mapping[str, tuple],
+    tensors: Mapping[str, bytes],
+    num_examples: object = None,
+    weight_key: str = "num-examples",
+    finite: bool = True,
+) -> str | None:
+    """Why a client reply must not be aggregated, or ``None`` if it may.
+
+    Parameters
+    ----------
+    expected : Mapping[str, tuple]
+        Shapes of the global model the client was sent (:func:`model_shapes`).
+    tensors : Mapping[str, bytes]
+        The reply's arrays, ``.npy`` bytes by name.
+    num_examples : object, optional
+        The reply's example count (:data:`MISSING` when the reply has none);
+        ``None`` skips this check (the inner strategy does not weight).
+    weight_key : str (default: "num-examples")
+        The count's name, for the reason text.
+    finite : bool (default: True)
+        Also check for NaN/Inf: the one full pass over the data, run last and
+        only on floating-point arrays. The gate passes ``False`` and checks
+        the aggregate instead (one pass, not one per reply), looking for the
+        culprit only when it is not finite.
+    """
+    arrays = {}
+    for name, data in tensors.items():
+        try:
+            arrays[name] = read_npy(data)
+        except ValueError as err:
+            return f"array {name!r} is unreadable ({err})"
+    reason = arrays_mismatch(expected, {n: a.shape for n, a in arrays.items()})
+    if reason is not None:
+        return reason
+    for name, array in arrays.items():
+        if array.dtype.kind not in REAL_KINDS:
+            return f"array {name!r} has dtype {array.dtype}, not a real number type"
+    if num_examples is not None:
+        reason = num_examples_problem(num_examples, weight_key)
+        if reason is not None:
+            return reason
+    bad = nonfinite_arrays(arrays) if finite else []
+    if bad:
+        return f"NaN or Inf in arrays {bad[:5]}"
+    return None
+
+
+def culprit_among(
+    models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[object] | None = None
+) -> tuple[int, str] | None:
+    """The first model with NaN/Inf, else one whose values are large enough to overflow a sum.
+
+    A sum of ``n`` finite terms overflows only when one is above ``max(dtype)
+    / n`` or so; a term is a value times its weight where the strategy
+    multiplies before it divides (legacy ``aggregate``: ``layer *
+    num_examples``). The model with the largest such term is the culprit.
+    Below that, no model explains a non-finite aggregate: ``None``.
+    """
+    largest, peak_of, where = 0.0, 0.0, None
+    for i, model in enumerate(models):
+        bad = nonfinite_arrays(model)
+        if bad:
+            return i, f"NaN or Inf in arrays {bad[:5]}"
+        weight = weights[i] if weights is not None else 1.0
+        scale = max(1.0, float(weight)) if isinstance(weight, (int, float)) else 1.0
+        for data in model.values():
+            if data.dtype.kind == "f" and data.size:
+                peak = float(np.max(np.abs(data)))
+                term = peak * scale
+                if term >= float(np.finfo(data.dtype).max) / (2 * len(models)) and term > largest:
+                    largest, peak_of, where = term, peak, i
+    if where is None:
+        return None
+    return where, f"its values (up to {peak_of:.3g}) overflow the aggregate"
+
+
+__all__ = [
+    "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "model_shapes",
+    "num_examples_problem", "reply_problem", "serialization_problem",
+]
