@@ -30,7 +30,8 @@ APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
 from plot import mask_rounds  # noqa: E402
 from run_grid import run_one_batched  # noqa: E402
-from stats import holm, paired  # noqa: E402
+
+from lips_flwr.experiments.stats import holm, paired  # noqa: E402
 
 ROOT = APP.parents[1]
 OUT = ROOT / "docs" / "results" / "prereg"

@@ -1,4 +1,4 @@
-"""The pre-registered study's statistics and endpoint, on known numbers (examples/paper/stats.py, prereg.py)."""
+"""The pre-registered study's statistics and endpoint, on known numbers (lips_flwr.experiments.stats, prereg.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402
-from stats import holm, paired, sign_test  # noqa: E402
+
+from lips_flwr.experiments.stats import holm, paired, sign_test  # noqa: E402
 
 
 def test_paired_t_test_ci_and_sign_test_match_their_definitions():
