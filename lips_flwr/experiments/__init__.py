@@ -17,5 +17,6 @@ process), :mod:`.observe` (what the runner sees through the Grid),
 :mod:`.flwr_runs` (runs under the real ``flwr run``), :mod:`.store` (result
 files, staging folders, the sweep lock), :mod:`.provenance` (code identity
 and where a run was computed), :mod:`.stats` (the study protocol's paired
-tests, verdicts and inertia rule).
+tests, verdicts and inertia rule); :mod:`.compare`, :mod:`.compare_report`
+and :mod:`.cli` (``lips-flwr compare``).
 """

@@ -104,7 +104,8 @@ def train(msg: Message, context: Context) -> Message:
     new = {{k: (a + lr * (goal[k] - a) + 0.01 * np.random.normal(size=a.shape)).astype(np.float32)
            for k, a in arrays.items()}}
     metrics = MetricRecord({{"loss": distance(new, goal), "num-examples": 10 + pid}})
-    content = RecordDict({{"arrays": ArrayRecord({{k: Array(v) for k, v in new.items()}}), "metrics": metrics}})
+    arrays = ArrayRecord({{k: Array(v) for k, v in new.items()}})
+    content = RecordDict({{"arrays": arrays, "metrics": metrics}})
     return Message(content=content, reply_to=msg)
 
 

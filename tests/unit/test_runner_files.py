@@ -1,4 +1,4 @@
-"""The runner's files: App folders and their run config, result files, staging folders, the lock, provenance."""
+"""The runner's files: App folders and run configs, result files, staging folders, the lock, provenance."""
 
 from __future__ import annotations
 
@@ -9,13 +9,25 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from lips_flwr.experiments.apps import (app_digest, import_components, load_app, num_supernodes, parse_overrides,
-                                        resolve_run_config)
-from lips_flwr.experiments.provenance import code_identity, provenance, same_environment
-from lips_flwr.experiments.store import (SweepLock, check_name, differences, prune_staging, read_result,
-                                         write_result)
 from runner_apps import make_app
+
+from lips_flwr.experiments.apps import (
+    app_digest,
+    import_components,
+    load_app,
+    num_supernodes,
+    parse_overrides,
+    resolve_run_config,
+)
+from lips_flwr.experiments.provenance import code_identity, provenance, same_environment
+from lips_flwr.experiments.store import (
+    SweepLock,
+    check_name,
+    differences,
+    prune_staging,
+    read_result,
+    write_result,
+)
 
 PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
 
@@ -27,8 +39,8 @@ def test_an_app_folder_is_read_as_flwr_run_reads_it(tmp_path):
     app = load_app(make_app(tmp_path, resumable=True))
     assert (app.name, app.serverapp, app.clientapp) == ("tinyapp", "tinyapp.server_app:app",
                                                          "tinyapp.client_app:app")
-    assert app.defaults == {"num-server-rounds": 3, "tau0": 0.5, "lr": 0.3, "sleep": 0.0, "checkpoint-path": "",
-                            "resume": "no"}
+    assert app.defaults == {"num-server-rounds": 3, "tau0": 0.5, "lr": 0.3, "sleep": 0.0,
+                            "checkpoint-path": "", "resume": "no"}
     nested = tmp_path / "nested"
     make_app(nested)
     text = (nested / "pyproject.toml").read_text() + "\n[tool.flwr.app.config.optim]\nmomentum = 0.9\n"
@@ -100,7 +112,7 @@ def test_new_and_earlier_sessions_result_files_read_as_one_object(tmp_path):
     new = read_result(path)
     assert new.identity["seed"] == 1 and new.provenance == {"python": "3"} and new.app == {"x": 1}
     assert new.run_config == {"tau0": 0.5}
-    committed = PAPER.parents[1] / "docs" / "results" / "prereg" / "prereg-fmnist-dir0.1" / "lips-seed1000.json"
+    committed = PAPER.parents[1] / "docs/results/prereg/prereg-fmnist-dir0.1/lips-seed1000.json"
     old = read_result(committed)
     assert old.identity is None and old.provenance is None and old.observed is None
     assert old.run_config["algorithm"] == "lips" and "rounds" in old.app
@@ -115,7 +127,8 @@ def test_new_and_earlier_sessions_result_files_read_as_one_object(tmp_path):
 def test_differences_name_each_key_with_both_values():
     found = {"run_config": {"tau0": 0.3, "lr": 0.1}, "seed": 1, "code": {"source": "abc"}}
     wanted = {"run_config": {"tau0": 0.5, "lr": 0.1, "new": True}, "seed": 1, "code": {"source": "def"}}
-    assert differences(found, wanted) == ['code.source: file "abc", now "def"', "run_config.new: file (none), now true",
+    assert differences(found, wanted) == ['code.source: file "abc", now "def"',
+                                          "run_config.new: file (none), now true",
                                           "run_config.tau0: file 0.3, now 0.5"]
     assert differences(found, json.loads(json.dumps(found))) == []
     assert differences({"lips_forced": {}}, {"lips_forced": {"tau0": 0.0}}) == [
@@ -153,7 +166,8 @@ def test_a_second_sweep_is_refused_while_one_holds_the_folder(tmp_path):
     # A holder killed with its lock: the OS freed the flock, its file is no obstacle.
     subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
                     "from lips_flwr.experiments.store import SweepLock; SweepLock(Path(sys.argv[1])); "
-                    "os._exit(9)", str(tmp_path)], check=False, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+                    "os._exit(9)", str(tmp_path)], check=False,
+                   env={**os.environ, "PYTHONPATH": str(Path.cwd())})
     assert (tmp_path / ".sweep.lock").exists()
     with SweepLock(tmp_path):
         pass

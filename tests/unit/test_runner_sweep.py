@@ -1,4 +1,4 @@
-"""The one experiment runner: what the Grid shows it, what it reuses or refuses, and whole sweeps of a tiny app.
+"""The one experiment runner: what the Grid shows it, what it reuses or refuses, whole sweeps of a tiny app.
 
 The sweeps run real processes (``spawn``) of a numpy-only Flower App
 (``runner_apps.py``) on the batched Grid, a few rounds each.
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
-
 from flower_fakes import task_identity  # noqa: F401
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from runner_apps import make_app
+
 from lips_flwr.experiments.observe import RunFailed, RunObserver, weighted_means
 from lips_flwr.experiments.runs import RunSpec, prepare
 from lips_flwr.experiments.store import read_result, write_result
 from lips_flwr.experiments.sweep import SweepFailed, plan, run_sweep
-from runner_apps import make_app
 
 # --------------------------------------------------------------------------- the observer
 
@@ -115,7 +115,7 @@ def test_a_resumed_run_keeps_its_earlier_rounds_and_its_first_step(tmp_path, tas
     rounds = again.record()["rounds"]
     assert sorted(rounds) == ["1", "2", "3"] and rounds["1"]["train"]["metrics"]["loss"] == 1.0
     assert rounds["1"]["relative_step"]["mid.weight"] == pytest.approx(1.0)  # w_1 / w_0: x2
-    assert rounds["2"]["relative_step"]["mid.weight"] == pytest.approx(1.0)  # w_2 / w_1: x2, seen before the stop
+    assert rounds["2"]["relative_step"]["mid.weight"] == pytest.approx(1.0)  # w_2 / w_1, seen before the stop
     assert again.first_round == 3
 
 
@@ -235,5 +235,5 @@ def test_a_failing_app_stops_the_sweep_with_its_clients_first_error(tmp_path):
     with pytest.raises(SweepFailed) as err:
         run_sweep([spec(app, "broken")], tmp_path / "out", progress=lambda line: None)
     assert "RunFailed: round 1: every train instruction got an error reply" in str(err.value)
-    assert "RuntimeError: tiny app: this ClientApp fails on every call" in str(err.value)  # the first client error
+    assert "RuntimeError: tiny app: this ClientApp fails on every call" in str(err.value)  # a client's
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
