@@ -48,6 +48,25 @@ def write_run_config(path: Path, run_config: dict[str, Any]) -> Path:
     return path
 
 
+def run_config_string(values: dict[str, Any]) -> str:
+    """``key=value`` pairs for ``flwr run --run-config`` (strings as TOML literal strings, ``'x'``)."""
+    def value(v: Any) -> str:
+        return f"'{v}'" if isinstance(v, str) and "'" not in v else toml_value(v)
+    return " ".join(f"{key}={value(v)}" for key, v in values.items())
+
+
+def results_problem(path: str | Path, num_rounds: int | None) -> str | None:
+    """Why the app's results file ``path`` shows a failed run (:func:`app_record_problem`), or ``None``."""
+    path = Path(path)
+    if not path.is_file():
+        return f"no results file {str(path)!r}"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return f"{str(path)!r} is not a readable results file: {err!r}"
+    return app_record_problem(record, num_rounds)
+
+
 def app_record_problem(record: dict | None, num_rounds: int | None) -> str | None:
     """Why an app's results (the paper app's layout: ``rounds`` -> train, evaluate) show a failed run.
 
@@ -57,7 +76,7 @@ def app_record_problem(record: dict | None, num_rounds: int | None) -> str | Non
     """
     if record is None:
         return "the app wrote no results file"
-    if "rounds" not in record:
+    if not isinstance(record, dict) or "rounds" not in record:
         return None
     try:
         rounds = {int(r): entry if isinstance(entry, dict) else {} for r, entry in record["rounds"].items()}
@@ -88,9 +107,11 @@ def flower_for(out: Path, apps: list[Path]) -> Iterator[LocalFlower]:
 
     checkout = [str(PACKAGE.parent)] if git_state() is not None else []
     home = out / ".flwr_home"
-    with local_flower(home, pythonpath=[*checkout, *map(str, apps)], cwd=out) as flower:
-        yield flower
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        with local_flower(home, pythonpath=[*checkout, *map(str, apps)], cwd=out) as flower:
+            yield flower
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Callable[[str], None]) -> None:
@@ -104,14 +125,9 @@ def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Calla
     progress(f"[{job.name}] flwr run {run_id} started")
     status = flower.wait(run_id, timeout=timeout, progress=lambda s: progress(
         f"[{job.name}] {s}, {time.monotonic() - start:.0f}s"))
-    record = None
-    if job.run_config.get("results-path"):
-        try:
-            record = json.loads(Path(job.run_config["results-path"]).read_text())
-        except (OSError, ValueError):
-            record = None
+    path = job.run_config.get("results-path")
     problem = (f"ended as {status}" if status != "finished:completed"
-               else app_record_problem(record, job.num_rounds) if "results-path" in job.run_config else None)
+               else results_problem(path, job.num_rounds) if path else None)
     if problem is not None:
         logs = flower.logs(run_id)
         error = first_error(logs)
@@ -119,8 +135,9 @@ def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Calla
         raise RuntimeError(f"[{job.name}] flwr run {run_id} failed: {problem}; {detail}")
     info = provenance("flwr", started, time.monotonic() - start, client_resources=resources,
                       **({"locations": job.locations} if job.locations else {}))
-    write_result(job.result, job.identity, info, None, record)
+    write_result(job.result, job.identity, info, None, json.loads(Path(path).read_text()) if path else None)
     progress(f"[{job.name}] done in {time.monotonic() - start:.0f}s")
 
 
-__all__ = ["app_record_problem", "flower_for", "run_with_flwr", "toml_value", "write_run_config"]
+__all__ = ["app_record_problem", "flower_for", "results_problem", "run_config_string", "run_with_flwr",
+           "toml_value", "write_run_config"]

@@ -14,7 +14,7 @@ each existing result file is checked:
 - two specs with one result name are an error.
 
 Then the staging folders that no run of the sweep names are removed, and
-each run to do claims its own ``<out>/.staging/<name>/``: a folder left by a
+each run, as it starts, claims its own ``<out>/.staging/<name>/``: a folder left by a
 stopped run of the same identity is continued when the app can resume (it
 has ``checkpoint-path`` and ``resume``), else removed (logged) and the run
 starts at round 1. Runs on the batched Grid each run in a fresh process
@@ -182,9 +182,12 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
     return text
 
 
-def run_processes(jobs: list[PreparedRun], resuming: dict[str, bool], parallel: int,
-                  progress: Progress) -> None:
-    """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed."""
+def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) -> None:
+    """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed.
+
+    A job claims its staging folder (:func:`claim_staging`) as its process
+    starts: a sweep that stops early leaves none for runs it never started.
+    """
     from .worker import run_process
 
     context = multiprocessing.get_context("spawn")
@@ -196,11 +199,12 @@ def run_processes(jobs: list[PreparedRun], resuming: dict[str, bool], parallel: 
         while queue or running:
             while queue and len(running) < max(1, parallel) and failure is None:
                 job = queue.pop(0)
+                resuming = claim_staging(job, progress)
                 receiver, sender = context.Pipe(duplex=False)
                 with _environment(dict(job.spec.env)):
                     started: BaseProcess = context.Process(
                         target=run_process, name=f"lips-flwr run {job.name}",
-                        args=(job, resuming[job.name], sender, os.getpid()))
+                        args=(job, resuming, sender, os.getpid()))
                     started.start()
                 sender.close()
                 running[receiver] = (job, started)
@@ -253,7 +257,6 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
         prepared = [prepare(spec, out) for spec in specs]
         to_run = plan(prepared, recompute, progress)
         prune_staging(out, {job.name for job in to_run}, log=progress)
-        resuming = {job.name: claim_staging(job, progress) for job in to_run}
         try:
             flwr = [job for job in to_run if job.identity["engine"] == "flwr"]
             if flwr:
@@ -261,6 +264,7 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
 
                 with flower_for(out, sorted({job.app.folder for job in flwr})) as flower:
                     for job in flwr:
+                        claim_staging(job, progress)
                         try:
                             run_with_flwr(job, flower, flwr_timeout, progress)
                         except Exception as err:
@@ -268,7 +272,7 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
                             raise SweepFailed(str(err)) from err
                         shutil.rmtree(job.staging, ignore_errors=True)
             batched = [job for job in to_run if job.identity["engine"] != "flwr"]
-            run_processes(batched, resuming, jobs, progress)
+            run_processes(batched, jobs, progress)
         finally:
             remove_empty(out / STAGING)
     return [job.result for job in prepared]

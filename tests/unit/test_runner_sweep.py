@@ -7,6 +7,7 @@ The sweeps run real processes (``spawn``) of a numpy-only Flower App
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -199,13 +200,19 @@ def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_
     app = make_app(tmp_path / "app", lips=True, resumable=True, results=True)
     out = tmp_path / "out"
     lines: list[str] = []
-    specs = [spec(app, f"{arm}-seed5", seed=5, lips_off=arm == "a") for arm in ("a", "b")]
+    blas = {"OPENBLAS_NUM_THREADS": "1"}  # a run's own environment, set before its imports
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    specs = [spec(app, f"{arm}-seed5", seed=5, lips_off=arm == "a", env=blas if arm == "a" else {})
+             for arm in ("a", "b")]
     paths = run_sweep(specs, out, jobs=2, progress=lines.append)
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == before  # the sweep's own is left as it was
     assert sorted(p.name for p in out.iterdir()) == ["a-seed5.json", "b-seed5.json"]  # no staging, no lock
     a, b = (read_result(p) for p in paths)
     assert a.identity["lips_forced"] == {"tau0": 0.0} and b.identity["lips_forced"] == {}
     assert a.provenance["engine"] == "sequential" and a.provenance["wall_seconds"] > 0
     assert a.provenance["numpy"] == np.__version__ and a.provenance["started"].endswith("+00:00")
+    assert a.provenance["threads"]["OPENBLAS_NUM_THREADS"] == "1"
+    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == before
     assert sorted(a.observed["rounds"]) == ["1", "2", "3"]
     assert a.observed["rounds"]["1"]["train"]["replies"] == 3 and a.observed["evaluate_keys"][:2] == [
         "loss", "accuracy"]
