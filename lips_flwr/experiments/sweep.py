@@ -173,8 +173,21 @@ class _Board:
 
 
 def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str:
+    """What to tell of a run that failed: its error and first client error, or how its process ended.
+
+    A process that ended before reporting: the end of its log; its staging
+    folder is removed when it exited with an error, kept (to continue) when
+    a signal stopped it.
+    """
     if event is None:
-        return f"[{job.name}] its process ended with exit code {exitcode} before reporting (log lost with it)"
+        try:
+            log = (job.staging / "log").read_text()[-3000:]
+        except OSError:
+            log = "(no log)"
+        if exitcode is not None and exitcode > 0:
+            shutil.rmtree(job.staging, ignore_errors=True)
+        how = f"exit code {exitcode}" if exitcode is None or exitcode >= 0 else f"signal {-exitcode}"
+        return f"[{job.name}] its process ended ({how}) before reporting; the end of its log:\n{log}"
     _, error, detail, client_error = event
     text = f"[{job.name}] failed: {error}\n{detail.rstrip()}"
     if client_error:

@@ -244,3 +244,16 @@ def test_a_failing_app_stops_the_sweep_with_its_clients_first_error(tmp_path):
     assert "RunFailed: round 1: every train instruction got an error reply" in str(err.value)
     assert "RuntimeError: tiny app: this ClientApp fails on every call" in str(err.value)  # a client's
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
+
+
+def test_a_run_process_that_ends_without_a_word_fails_the_sweep_with_its_log(tmp_path):
+    """A process that exits at the app's import (``os._exit``): its log's end in the error, no staging."""
+    app = make_app(tmp_path / "app")
+    client = app / "tinyapp" / "client_app.py"
+    leave = "import os\nprint('tiny app: leaving at import', flush=True)\nos._exit(3)\n"
+    client.write_text(leave + client.read_text())
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "gone")], tmp_path / "out", progress=lambda line: None)
+    assert "[gone] its process ended (exit code 3) before reporting" in str(err.value)
+    assert "tiny app: leaving at import" in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
