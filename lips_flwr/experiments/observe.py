@@ -64,7 +64,7 @@ def reply_metrics(msg: Message) -> dict[str, float]:
 def weighted_means(replies: list[dict[str, float]]) -> dict[str, Any]:
     """Each metric's mean over the replies that have it, weighted by ``num-examples`` (exact sums)."""
     weight_key = next((k for k in WEIGHT_KEYS if replies and all(r.get(k, 0) > 0 for r in replies)), None)
-    out: dict[str, Any] = {"weighting": "num-examples" if weight_key else "uniform"}
+    out: dict[str, Any] = {"weighting": weight_key or "uniform"}
     keys = sorted({k for r in replies for k in r})
     metrics = {}
     for key in keys:
