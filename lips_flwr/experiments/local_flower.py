@@ -8,7 +8,10 @@ the user's own Flower set-up is touched; on exit the SuperLink it started is
 found by its command line (``--log-file <FLWR_HOME>/local-superlink/...``) and
 stopped, with its descendants (SuperExec, simulation, Ray), by pid.
 
-Used by the examples' runners and the integration tests. Linux only (reads ``/proc``).
+Process tooling, not part of the batched engine (:mod:`.batched`) or the
+LIPS API: it starts and stops a private local SuperLink for ``flwr run``
+from scripts and tests (the examples' runners, the integration tests), by
+pid. Linux only (reads ``/proc``).
 """
 
 from __future__ import annotations

@@ -8,47 +8,75 @@ is per-client overhead, not arithmetic. :class:`BatchedGrid` implements
 runs on it unchanged, and each message of a round goes through the
 *real* ClientApp (its mods and functions) with the node's own ``Context``,
 kept across rounds as a SuperNode keeps it. The replies are real reply
-``Message``\\ s, or error replies when a ClientApp raises, as Flower sends them.
+``Message``\\ s, or error replies as Flower sends them: a ClientApp that
+raises, calls ``sys.exit()`` or returns something other than a reply
+``Message`` gets its own error reply (:mod:`.calls`); only a Ctrl-C
+(``KeyboardInterrupt``) stops the run.
 
 What it changes is where the clients' training and evaluation run:
 
-- ``"sequential"``: one client after another, each in this thread, as the
-  ClientApp would run them (the fastest on a few CPU cores).
+- ``"sequential"``: one client after another, as the ClientApp would run
+  them (the fastest on a few CPU cores).
 - ``"stacked"``: every client of the round in its own thread up to the
   ClientApp's call of :func:`~lips_flwr.experiments.training.local_compute`;
   the calls are gathered and run at once, the clients' models stacked
   (:mod:`.stacked`), in chunks of ``chunk_size`` clients. A chunk
-  that does not fit in GPU memory is halved until it does.
+  that does not fit in GPU memory is halved until it does. Only calls whose
+  models train alike are stacked (:mod:`.signature`); the others run on
+  their own, exactly as the sequential engine runs them, with one WARNING
+  per run naming the difference.
 - ``"auto"`` (default): stacked on CUDA, sequential otherwise.
 
 A ClientApp that calls ``train_tensors`` directly still works on this Grid;
 its clients are then trained one after another whatever the engine.
 
+``send_and_receive(timeout=...)`` (Flower's strategies pass their
+``start(timeout=...)``) returns the replies that come in time, as Flower's
+Grid does; a node that does not answer is left out of the round, with a
+WARNING. Since the sequential engine runs one call after another, each call
+gets the whole ``timeout`` from its own start (in a thread of its own, so
+that it can be abandoned); on the stacked engine a client's time is the time
+it runs its own Python (:mod:`.rendezvous`). An abandoned call runs on, and
+its reply is discarded; its node is left out of every delivery until the
+call ends. ``pull_messages`` answers every pending message, with no time
+limit, before it returns.
+
 ``seed`` makes a run reproducible for an app that never seeds: the
 ServerApp starts with the process-wide generators (``random``, numpy's,
 torch's) seeded from ``derive_seed(seed, 0)``, and every client call with
 them seeded from ``derive_seed(seed, 1 + partition-id, round, kind)``
-(:mod:`~lips_flwr.experiments.seeding`), the ServerApp's own states put back
-after it. ``observer`` (a :class:`GridObserver`) is told of every push and
-every delivery's replies as they happen.
+(:meth:`BatchedGrid.call_seed`, :mod:`~lips_flwr.experiments.seeding`), the
+ServerApp's own states put back after it. On the stacked engine each client
+keeps its own generators across its turns, so it draws what it would on the
+sequential engine, except that a stacked call's dropout draws come from a
+generator of its own (seeded from the first client's ``seed`` argument) and
+leave the client's torch generator where it was; stacked training agrees
+with sequential to rounding, not bit for bit. A run in which a call times
+out is not exactly reproducible: the abandoned call goes on drawing from the
+shared generators. ``observer`` (a :class:`GridObserver`) is told of every
+push and every delivery's replies as they happen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from logging import WARNING
 from typing import Protocol
 from uuid import uuid4
 
 import flwr.serverapp.grid.grid as _grid_module
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
@@ -57,8 +85,8 @@ Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own mo
 
 ENGINES = ("auto", "sequential", "stacked")
 SUPERLINK_NODE_ID = 1  # the sender of every instruction, as in Flower
-CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
 CALL_KINDS = {MessageType.TRAIN: 1, MessageType.EVALUATE: 2, MessageType.QUERY: 3}  # any other: 4
+Answered = list[tuple[Message, Message]]  # (instruction, reply) pairs, in node order
 
 
 class GridObserver(Protocol):
@@ -70,26 +98,6 @@ class GridObserver(Protocol):
     def replied(self, replies: Sequence[Message]) -> None:
         """The replies of one delivery, in node order, error replies included, before the strategy
         sees them (a node left out of the round, e.g. timed out, has none)."""
-
-
-def _copy_content(content: RecordDict) -> RecordDict:
-    """What a client receives: its own records (arrays' bytes are immutable and shared).
-
-    Flower sends every node the same ``RecordDict`` object; over the wire each
-    client gets a copy, so a mod that edits its message in place (FedBN swaps
-    arrays) must not reach the other clients' messages.
-    """
-    out = RecordDict()
-    for name, record in content.items():
-        if isinstance(record, ArrayRecord):
-            out[name] = ArrayRecord(dict(record.items()), keep_input=True)
-        elif isinstance(record, MetricRecord):
-            out[name] = MetricRecord(dict(record.items()))
-        elif isinstance(record, ConfigRecord):
-            out[name] = ConfigRecord(dict(record.items()))
-        else:
-            raise TypeError(f"unsupported record {name!r} of type {type(record).__name__}")
-    return out
 
 
 class BatchedGrid(Grid):
@@ -158,9 +166,11 @@ class BatchedGrid(Grid):
         }
         self._pending: dict[str, Message] = {}
         self._replies: dict[str, Message] = {}
+        self._busy: dict[int, threading.Thread] = {}  # nodes whose abandoned call may still run
+        self._split_reported = False
         self.client_seconds = 0.0  # time spent in the clients' calls (for the benchmarks)
         self.stacked_calls = self.one_by_one_calls = 0  # the stacked engine's calls, by how they ran
-        self.first_error: str | None = None  # the first ClientApp error (its traceback), if any
+        self.first_error: str | None = None  # the first error reply's reason (with its traceback), if any
 
     # -- Grid ----------------------------------------------------------------------------------
     def set_run(self, run) -> None:
@@ -192,15 +202,23 @@ class BatchedGrid(Grid):
         return [msg.metadata.message_id for msg in pushed]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        self._deliver()
-        wanted = [i for i in message_ids if i in self._replies]
-        return [self._replies.pop(i) for i in wanted]
+        self._deliver(timeout=None)
+        return self._take(message_ids)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        # Every message is answered before this returns: ``timeout`` has nothing to wait for.
-        return self.pull_messages(list(self.push_messages(messages)))
+        ids = list(self.push_messages(messages))
+        self._deliver(timeout)
+        return self._take(ids)
+
+    def _take(self, message_ids: Iterable[str]) -> list[Message]:
+        """The replies to ``message_ids`` that are in, each handed out once."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def busy_nodes(self) -> list[int]:
+        """The nodes whose call ran past its timeout and has not ended yet (left out until it does)."""
+        return [node for node, thread in self._busy.items() if thread.is_alive()]
 
     # -- the clients ---------------------------------------------------------------------------
     def call_seed(self, msg: Message) -> int | None:
@@ -224,25 +242,19 @@ class BatchedGrid(Grid):
         return derive_seed(self.seed, 1 + pid, rnd, CALL_KINDS.get(base, 4))
 
     def _call_client(self, msg: Message, seed: int | None = None) -> Message:
-        """The node's ClientApp on its own copy of ``msg``; an error reply when it raises.
+        """The node's ClientApp on its own copy of ``msg``: its reply, or an error reply (:mod:`.calls`).
 
         With ``seed``, the process-wide generators are seeded with it first.
         """
         context = self.contexts[msg.metadata.dst_node_id]
-        received = _received_copy(msg)
-        try:
-            if seed is not None:
-                seed_globals(seed)
-            reply = self.client_app(received, context)
-        except Exception as err:  # noqa: BLE001 - as Flower's runtime: reported, not raised
-            reason = f"{type(err)}:<'{err}'>\n{traceback.format_exc()}"
-            reply = Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
-            if self.first_error is None:
-                self.first_error = reason
+        received = received_copy(msg)
+        if seed is not None:
+            seed_globals(seed)
+        reply = reply_or_error(self.client_app, received, context)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         return reply
 
-    def _deliver(self) -> None:
+    def _deliver(self, timeout: float | None) -> None:
         """Answer every pushed message (one round's worth, usually) with the chosen engine."""
         # By node: a strategy samples its nodes in a random order (Flower's FedAvg does, unseeded),
         # and the stacked engine's numbers depend on the clients' order in a stack.
@@ -250,29 +262,80 @@ class BatchedGrid(Grid):
         self._pending = {}
         if not pending:
             return
-        seeds = [self.call_seed(msg) for msg in pending]  # in node order, whichever engine
-        # With a seed, the caller's (the ServerApp's) generators are kept across the calls.
-        kept = globals_kept if self.seed is not None else contextlib.nullcontext
+        callable_now = [msg for msg in pending if not self._still_busy(msg.metadata.dst_node_id)]
+        seeds = [self.call_seed(msg) for msg in callable_now]  # in node order, whichever engine
         start = time.perf_counter()
         if self.engine == "sequential":
-            replies = []
-            for msg, seed in zip(pending, seeds):
-                with kept():
-                    replies.append(self._call_client(msg, seed))
+            answered = self._run_sequential(callable_now, seeds, timeout)
         else:
-            rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
-                                    keep_generators=self.seed is not None)
-            with kept():
-                replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
-                                          for msg, seed in zip(pending, seeds)])
-            self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
-            self.stacked_calls += rendezvous.stacked
-            self.one_by_one_calls += rendezvous.one_by_one
+            answered = self._run_stacked(callable_now, seeds, timeout)
         self.client_seconds += time.perf_counter() - start
+        replies = [reply for _, reply in answered]
+        if self.first_error is None:
+            self.first_error = next((r.error.reason for r in replies if r.has_error()), None)
         if self.observer is not None:
             self.observer.replied(replies)
-        for msg, reply in zip(pending, replies):
+        for msg, reply in answered:
             self._replies[msg.metadata.message_id] = reply
+
+    def _kept(self) -> contextlib.AbstractContextManager:
+        """With a seed, the caller's (the ServerApp's) generators are kept across client calls."""
+        return globals_kept() if self.seed is not None else contextlib.nullcontext()
+
+    def _run_sequential(self, calls: list[Message], seeds: list[int | None],
+                        timeout: float | None) -> Answered:
+        """One call after another, each with the whole ``timeout`` from its own start."""
+        answered = []
+        for msg, seed in zip(calls, seeds):
+            with self._kept():
+                if timeout is None:  # nothing to abandon: in this thread
+                    answered.append((msg, self._call_client(msg, seed)))
+                    continue
+                call = ThreadCall(functools.partial(self._call_client, msg, seed),
+                                  name=f"node {msg.metadata.dst_node_id}")
+                if call.wait(timeout):
+                    answered.append((msg, call.outcome()))
+                else:
+                    self._left_out(msg.metadata.dst_node_id, call.thread, timeout)
+        return answered
+
+    def _run_stacked(self, calls: list[Message], seeds: list[int | None], timeout: float | None) -> Answered:
+        """Every call in its own thread, their training calls gathered (:mod:`.rendezvous`)."""
+        rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
+                                keep_generators=self.seed is not None, on_split=self._report_split)
+        with self._kept():
+            replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
+                                      for msg, seed in zip(calls, seeds)], timeout=timeout,
+                                     names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
+        self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
+        self.stacked_calls += rendezvous.stacked
+        self.one_by_one_calls += rendezvous.one_by_one
+        for index, thread in rendezvous.abandoned.items():
+            self._left_out(calls[index].metadata.dst_node_id, thread, timeout)
+        return [(msg, reply) for msg, reply in zip(calls, replies) if reply is not None]
+
+    def _left_out(self, node: int, thread: threading.Thread, timeout: float | None) -> None:
+        """``node``'s call ran past ``timeout``: no reply this round, and none while the call runs."""
+        self._busy[node] = thread
+        log(WARNING, "node %d did not reply within %s s: left out of this round (its call runs on; "
+            "a late reply is discarded)", node, timeout)
+
+    def _still_busy(self, node: int) -> bool:
+        """Whether ``node``'s earlier, abandoned call still runs (then it is left out, logged)."""
+        thread = self._busy.get(node)
+        if thread is not None and thread.is_alive():
+            log(WARNING, "node %d is still running an earlier call that timed out: left out of this "
+                "round", node)
+            return True
+        self._busy.pop(node, None)
+        return False
+
+    def _report_split(self, difference: str) -> None:
+        """Log, once per run, that the stacked engine did not stack calls whose models differ."""
+        if not self._split_reported:
+            self._split_reported = True
+            log(WARNING, "%s: calls are stacked only with calls whose models train alike; the others "
+                "run on their own, as the sequential engine runs them (logged once per run)", difference)
 
 
 def run_batched(
@@ -325,14 +388,6 @@ def _task_identity(run_id: int) -> Iterator[None]:
         yield
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-def _received_copy(msg: Message) -> Message:
-    """``msg`` as a node receives it: the same metadata, its own records."""
-    copy = Message(_copy_content(msg.content), msg.metadata.dst_node_id, msg.metadata.message_type,
-                   ttl=msg.metadata.ttl, group_id=msg.metadata.group_id)
-    copy.metadata.__dict__.update(vars(msg.metadata))
-    return copy
 
 
 def _bound(call: Callable[[Message, int | None], Message], msg: Message, seed: int | None,

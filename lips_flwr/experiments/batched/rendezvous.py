@@ -19,15 +19,24 @@ holds across its call): that client cannot run until this one reaches its
 call or returns. Its calls must come from its own thread: one made from a
 thread it started (``asyncio.to_thread``) is a ``RuntimeError``.
 
-Calls that cannot be stacked (a model or data shape of its own, a single
-call) run one after another, as :data:`~.training.SEQUENTIAL` would. If a
-stacked chunk fails for any reason but memory, its calls run one by one, so
-that one client's error stays that client's error reply.
+Calls are stacked only with calls of the same work (kind, data shapes,
+settings) whose models have the same signature (:mod:`.signature`: classes,
+modes, hooks, ``requires_grad``...); a call that no other call matches runs
+alone, as :data:`~.training.SEQUENTIAL` would, and ``on_split`` is told why
+the calls of one work differ. If a stacked chunk fails for any reason but
+memory, its calls run one by one, so that one client's error stays that
+client's error reply.
+
+With a ``timeout``, a client that has run its own Python (its turns, not
+its waits for a turn or for its gathered calls) for longer is abandoned:
+the leader takes its turn back and goes on without it; the thread runs on,
+its result is discarded, and a call it makes after is a ``RuntimeError``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -37,6 +46,7 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
+from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference, model_signature
 from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
 from lips_flwr.experiments.training import evaluate_tensors, train_tensors
 
@@ -58,11 +68,16 @@ class _Call:
     finished: threading.Event = field(default_factory=threading.Event)  # set once its result or error is in
     generators: GlobalsState | None = None  # the client's process-wide generators (``keep_generators``)
 
-    def key(self) -> tuple:
-        """Calls with equal keys can be stacked: same work, architecture, data shape and device."""
-        arch = tuple((n, tuple(t.shape), t.dtype) for n, t in self.net.state_dict().items())
+    def work(self) -> tuple:
+        """What must be equal for calls to be stacked, besides their models: kind, data, settings."""
         settings = tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items() if k != "seed"))
-        return (self.kind, arch, tuple(self.x.shape), self.x.device, settings)
+        return (self.kind, tuple(self.x.shape), self.x.dtype, tuple(self.y.shape), self.y.dtype,
+                self.x.device, settings)
+
+    def signature(self) -> list[Entry]:
+        """The model's signature in the mode its loop puts it in first (``train_tensors``: ``train()``)."""
+        self.net.train(self.kind == "train")
+        return model_signature(self.net)
 
 
 def _hashable(value: Any) -> Any:
@@ -89,16 +104,26 @@ class Rendezvous:
         its client's generators (as under the sequential engine); a stacked
         call's dropout draws from its own seeded generator and leaves the
         clients' untouched.
+    on_split : callable or None
+        Called with a sentence naming the difference whenever calls of the
+        same work are not stacked together because their models differ.
     """
 
     def __init__(self, chunk_size: int | None = None, autocast: torch.dtype | None = None,
-                 keep_generators: bool = False) -> None:
+                 keep_generators: bool = False, on_split: Callable[[str], None] | None = None) -> None:
         self.chunk_size, self.autocast, self.keep_generators = chunk_size, autocast, keep_generators
+        self.on_split = on_split
         self._cond = threading.Condition()
         self._calls: list[_Call] = []
-        self._running = 0  # client threads neither waiting in a call nor finished
+        self._running = 0  # client threads neither waiting in a call, finished nor abandoned
         self._thread = threading.local()  # .index: the client a thread runs; .turn: it holds the turn
         self._turn = threading.Lock()  # held by the one client thread that runs its Python
+        self._holder: int | None = None  # that client, and since when (time.monotonic())
+        self._since = 0.0
+        self._held: list[float] = []  # each client's time holding the turn, past turns
+        self._timeout: float | None = None
+        self._names: Sequence[str] = ()
+        self.abandoned: dict[int, threading.Thread] = {}  # clients past their timeout, by index
         self.stacked = 0  # calls run stacked with others
         self.one_by_one = 0  # calls run alone (a group of one, or after a stacked chunk failed)
 
@@ -119,47 +144,74 @@ class Rendezvous:
         if self.keep_generators:
             call.generators = saved_globals()
         with self._cond:
+            if call.index in self.abandoned:
+                raise RuntimeError("this client ran past its timeout and was left out of the round: "
+                                   "its calls are not run")
             self._calls.append(call)
             self._running -= 1
+            self._give_turn()
             self._cond.notify()  # the leader, the only one waiting on it
-        self._thread.turn = False
-        self._turn.release()
         try:
             call.finished.wait()
         finally:  # (the turn is this thread's again whatever ends the wait)
-            self._turn.acquire()
-            self._thread.turn = True
+            self._take_turn()
             if call.generators is not None:  # (a call run alone has drawn from them meanwhile)
                 restore_globals(call.generators)
         if call.error is not None:
             raise call.error
         return call.result
 
+    def _take_turn(self) -> None:
+        """Wait for the turn and take it (a client thread)."""
+        self._turn.acquire()
+        with self._cond:
+            self._holder, self._since = self._thread.index, time.monotonic()
+            if self._timeout is not None:
+                self._cond.notify()  # the leader times this turn
+        self._thread.turn = True
+
+    def _give_turn(self) -> None:
+        """Hand the turn over (a client thread, holding ``_cond``)."""
+        self._held[self._thread.index] += time.monotonic() - self._since
+        self._holder = None
+        self._thread.turn = False
+        self._turn.release()
+
     # -- the leader's side ---------------------------------------------------------------------
-    def run(self, clients: Sequence[Callable[[], T]]) -> list[T]:
+    def run(self, clients: Sequence[Callable[[], T]], timeout: float | None = None,
+            names: Sequence[str] | None = None) -> list[T | None]:
         """Run each client in its own thread, gathering their calls; their results, in order.
 
         A client must not raise (wrap it); if one does, its exception is
-        raised here once every thread has finished.
+        raised here once every thread has finished. A client abandoned past
+        ``timeout`` seconds of its own (see the module docstring) has the
+        result ``None`` and its thread in :attr:`abandoned`. ``names`` name
+        the clients in :attr:`on_split`'s sentences (default: ``client i``).
         """
         results: list[Any] = [None] * len(clients)
         errors: list[BaseException] = []
+        self._timeout, self._held, self.abandoned = timeout, [0.0] * len(clients), {}
+        self._names = names or [f"client {i}" for i in range(len(clients))]
 
         def client_thread(i: int) -> None:
             self._thread.index = i
-            self._turn.acquire()
-            self._thread.turn = True
+            self._take_turn()
+            result: Any = None
+            error: BaseException | None = None
             try:
-                results[i] = clients[i]()
+                result = clients[i]()
             except BaseException as err:  # noqa: BLE001 - re-raised by the leader
-                errors.append(err)
-            finally:
+                error = err
+            with self._cond:
+                if i in self.abandoned:
+                    return  # the leader has counted it out and taken its turn back
+                if error is not None:
+                    errors.append(error)
+                results[i] = result
                 if self._thread.turn:
-                    self._thread.turn = False
-                    self._turn.release()
-                with self._cond:
-                    self._running -= 1
-                    self._cond.notify()
+                    self._give_turn()
+                self._running -= 1
+                self._cond.notify()
 
         self._running = len(clients)
         threads = [threading.Thread(target=client_thread, args=(i,), daemon=True)
@@ -169,7 +221,9 @@ class Rendezvous:
         failure: BaseException | None = None  # raised by running gathered calls (a stop, a bug)
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._running == 0)
+                while self._running > 0:
+                    self._cond.wait(self._time_left())
+                    self._abandon_overdue(threads)
                 calls, self._calls = self._calls, []
             if not calls:
                 break  # every client thread has finished
@@ -190,22 +244,34 @@ class Rendezvous:
                 self._running += len(calls)
             for call in calls:
                 call.finished.set()
-        for thread in threads:
-            thread.join()
+        for i, thread in enumerate(threads):
+            if i not in self.abandoned:
+                thread.join()
         if failure is not None:
             raise failure
         if errors:
             raise errors[0]
-        return results
+        return [None if i in self.abandoned else result for i, result in enumerate(results)]
+
+    def _time_left(self) -> float | None:
+        """Seconds until the client holding the turn runs past the timeout (``None``: nothing to time)."""
+        if self._timeout is None or self._holder is None:
+            return None
+        return max(0.0, self._timeout - self._held[self._holder] - (time.monotonic() - self._since))
+
+    def _abandon_overdue(self, threads: Sequence[threading.Thread]) -> None:
+        """Leave out the client holding the turn if it ran past the timeout (the leader, under ``_cond``)."""
+        left = self._time_left()
+        if left is None or left > 0 or self._holder is None:
+            return
+        self.abandoned[self._holder] = threads[self._holder]
+        self._holder = None
+        self._running -= 1
+        self._turn.release()  # (a Lock, not an RLock: the leader may release the client's turn)
 
     def _execute(self, calls: list[_Call]) -> None:
-        groups: dict[tuple, list[_Call]] = {}
-        for call in calls:
-            try:
-                groups.setdefault(call.key(), []).append(call)
-            except Exception as err:  # noqa: BLE001 - a malformed call fails alone
-                call.error = err
-        for group in groups.values():
+        groups = self._groups(calls)
+        for group in groups:
             start = 0
             while start < len(group):
                 size = self.chunk_size or len(group)
@@ -227,6 +293,26 @@ class Rendezvous:
                     self.one_by_one += len(chunk)
                 start += len(chunk)
 
+    def _groups(self, calls: list[_Call]) -> list[list[_Call]]:
+        """The calls that may be stacked together: the same work and model signature, in client order."""
+        groups: dict[tuple, list[_Call]] = {}
+        first_of_work: dict[tuple, tuple[list[Entry], _Call]] = {}
+        reported: set[tuple] = set()
+        for call in calls:
+            try:
+                work, signature = call.work(), call.signature()
+                alone = alone_reason(signature) is not None  # (even if clients share that net)
+                groups.setdefault((work, ("alone", id(call)) if alone else tuple(signature)), []).append(call)
+            except Exception as err:  # noqa: BLE001 - a malformed call fails alone
+                call.error = err
+                continue
+            first_signature, first = first_of_work.setdefault(work, (signature, call))
+            if self.on_split is not None and work not in reported and signature != first_signature:
+                reported.add(work)
+                self.on_split(f"stacked engine: {self._names[call.index]}'s {call.kind} call differs from "
+                              f"{self._names[first.index]}'s ({difference(signature, first_signature)})")
+        return list(groups.values())
+
 
 def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> None:
     if len(chunk) == 1:
@@ -235,12 +321,14 @@ def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> No
     from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked
 
     nets, data = [c.net for c in chunk], [(c.x, c.y) for c in chunk]
+    # models_checked: a chunk is of one group (Rendezvous._groups), whose models have one signature
     if chunk[0].kind == "train":
         settings = {k: v for k, v in chunk[0].kwargs.items() if k != "seed"}
         seeds = [int(c.kwargs.get("seed", 0)) for c in chunk]
-        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast, **settings))
+        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast,
+                                                models_checked=True, **settings))
     else:
-        results = list(evaluate_stacked(nets, data, autocast=autocast))
+        results = list(evaluate_stacked(nets, data, autocast=autocast, models_checked=True))
     for call, result in zip(chunk, results):
         call.result = result
 
@@ -261,9 +349,9 @@ def _run_one_by_one(chunk: list[_Call]) -> None:
                 # its call: the clients' threads seeded it in turn while they arrived, so it holds
                 # whichever came last.
                 with _seeded_global_rng(int(call.kwargs.get("seed", 0)), call.x.device):
-                    call.result = train_tensors(call.net, call.x, call.y, **call.kwargs)
+                    call.result = _run_alone(call)
             else:
-                call.result = evaluate_tensors(call.net, call.x, call.y)
+                call.result = _run_alone(call)
         except Exception as err:  # noqa: BLE001 - raised in the client's own thread
             call.error = err
 

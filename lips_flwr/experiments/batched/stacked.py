@@ -22,8 +22,11 @@ BatchNorm running statistics and ``num_batches_tracked`` are updated in
 place in the stacked buffers, one count per step, as in the sequential loop
 (BatchNorm with ``momentum=None`` is not supported under vmap).
 
-Forward hooks on the template's modules (e.g. :func:`~lips_flwr.experiments.training.add_dropout`)
-apply to every client; the other nets' hooks are not called. Dropout runs
+The nets must train alike (:mod:`.signature`: the same classes and
+settings, modes, ``requires_grad``, and alike forward hooks): the template's
+hooks (e.g. :func:`~lips_flwr.experiments.training.add_dropout`'s, alike on
+every net) are applied to every client's slice, as each net's own would be;
+a parameter frozen in every net stays frozen. Dropout runs
 under ``randomness="different"``: each client draws its own masks from the
 same distribution as the sequential loop, but not the same draws. The global
 RNG is seeded from ``seeds[0]`` for the call (and restored afterwards), so a
@@ -44,6 +47,7 @@ from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
 from ..training import augment
+from .signature import alone_reason, difference, model_signature
 
 Stacked = dict[str, Tensor]
 
@@ -53,13 +57,18 @@ def _layout(net: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     return [(k, tuple(v.shape), v.dtype) for k, v in net.state_dict().items()]
 
 
-def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]]) -> None:
+def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]],
+                    models_checked: bool = False) -> None:
     """Raise ``ValueError`` unless ``nets`` and ``data`` can be trained stacked.
 
     Needed: at least one net, one ``(x, y)`` per net with as many labels as
     samples, the same architecture (class, state_dict names, shapes and
-    dtypes) for every net, and the same sample count and sample shape for
-    every client (stacked clients take the same number of steps).
+    dtypes) for every net, nets that train alike (the same model signature,
+    :mod:`.signature`, in their current modes; no hooks the stacked
+    computation cannot apply), and the same sample count and sample shape
+    for every client (stacked clients take the same number of steps).
+    ``models_checked``: the caller has compared the nets' signatures already
+    (the Rendezvous groups its calls by them); they are not computed again.
     """
     if not nets:
         raise ValueError("no nets to stack")
@@ -74,6 +83,14 @@ def check_stackable(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tens
             raise ValueError(
                 f"different architectures: net {i} ({type(net).__name__}) differs from net 0 "
                 f"({type(nets[0]).__name__}): {diff}")
+    signatures = [] if models_checked else [model_signature(net) for net in nets]
+    for i, signature in enumerate(signatures):
+        alone = alone_reason(signature)
+        if alone is not None:
+            raise ValueError(f"net {i} cannot be stacked: {alone}")
+        unlike = difference(signature, signatures[0]) if i else None
+        if unlike is not None:
+            raise ValueError(f"nets that train differently: net {i} differs from net 0: {unlike}")
     for i, (x, y) in enumerate(data):
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"client {i} has {x.shape[0]} samples but {y.shape[0]} labels")
@@ -171,7 +188,8 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast
 def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]], *,
                   seeds: Sequence[int], epochs: int, lr: float = 0.1, momentum: float = 0.9,
                   batch_size: int = 100, augmentation: str = "none", weight_decay: float = 0.0,
-                  decay_only: set[str] | None = None, autocast: torch.dtype | None = None) -> list[float]:
+                  decay_only: set[str] | None = None, autocast: torch.dtype | None = None,
+                  models_checked: bool = False) -> list[float]:
     """Train every net in place on its own (x, y), like ``train_tensors``; return the mean losses.
 
     Client ``i`` gets ``train_tensors(nets[i], *data[i], seed=seeds[i], ...)``
@@ -187,13 +205,14 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
     ``autocast`` (e.g. ``torch.bfloat16``): the forward passes and losses run
     under ``torch.autocast`` in that dtype; parameters, gradients and the
     optimizer stay in their own dtype. Not the sequential loop's numbers.
+    ``models_checked``: see :func:`check_stackable`.
     """
-    check_stackable(nets, data)
+    for net in nets:
+        net.train()
+    check_stackable(nets, data, models_checked)
     if len(seeds) != len(nets):
         raise ValueError(f"{len(nets)} nets but {len(seeds)} seeds")
     template = nets[0]
-    for net in nets:
-        net.train()
     params, buffers = _stack(nets)
     opt = _sgd(template, params, lr, momentum, weight_decay, decay_only)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
@@ -220,12 +239,14 @@ def train_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor
 @torch.no_grad()
 def evaluate_stacked(nets: Sequence[nn.Module], data: Sequence[tuple[Tensor, Tensor]],
                      batch_size: int = 1000,
-                     autocast: torch.dtype | None = None) -> list[tuple[float, float]]:
-    """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``: as in :func:`train_stacked`)."""
-    check_stackable(nets, data)
-    template = nets[0]
+                     autocast: torch.dtype | None = None,
+                     models_checked: bool = False) -> list[tuple[float, float]]:
+    """(mean loss, accuracy) per net, like evaluate_tensors (``autocast``, ``models_checked``: as in
+    :func:`train_stacked`)."""
     for net in nets:
         net.eval()
+    check_stackable(nets, data, models_checked)
+    template = nets[0]
     params, buffers = _stack(nets)
     x, y = torch.stack([x for x, _ in data]), torch.stack([y for _, y in data])
 

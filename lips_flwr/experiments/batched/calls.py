@@ -1,0 +1,132 @@
+"""How the batched Grid calls a node's ClientApp: its reply or an error reply, and calls with a deadline.
+
+Flower never lets one ClientApp end a run: under ``flwr run`` an exception
+becomes that node's error reply (``CLIENT_APP_RAISED_EXCEPTION``, the reason
+``"<class 'ZeroDivisionError'>:<'division by zero'>"``), and a ClientApp
+that ends without pushing a reply (``sys.exit()``, a return that is not a
+reply ``Message``) leaves its SuperNode to answer ``CLIENT_APP_CRASHED``,
+"ClientApp stopped responding.". :func:`reply_or_error` does the same in this
+process, saying in the reason what the ClientApp did. Only
+``KeyboardInterrupt`` passes through: a real Ctrl-C must stop the run.
+
+Flower's ``Grid.send_and_receive(timeout=...)`` returns the replies that came
+in time and leaves the other nodes out. :class:`ThreadCall` runs one call in
+a thread of its own, so that the Grid can stop waiting for it; the call goes
+on, and its reply, when it comes, is discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+T = TypeVar("T")
+
+CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+CLIENT_APP_CRASHED = 8  # flwr.common.constant.ErrorCode
+CRASHED = "ClientApp stopped responding."  # the SuperNode's reason for CLIENT_APP_CRASHED
+
+
+def received_copy(msg: Message) -> Message:
+    """``msg`` as a node receives it: the same metadata, its own records.
+
+    Flower sends every node the same ``RecordDict`` object; over the wire each
+    client gets a copy, so a mod that edits its message in place (FedBN swaps
+    arrays) must not reach the other clients' messages. Arrays' bytes are
+    immutable and shared.
+    """
+    content = RecordDict()
+    for name, record in msg.content.items():
+        if isinstance(record, ArrayRecord):
+            content[name] = ArrayRecord(dict(record.items()), keep_input=True)
+        elif isinstance(record, MetricRecord):
+            content[name] = MetricRecord(dict(record.items()))
+        elif isinstance(record, ConfigRecord):
+            content[name] = ConfigRecord(dict(record.items()))
+        else:
+            raise TypeError(f"unsupported record {name!r} of type {type(record).__name__}")
+    copy = Message(content, msg.metadata.dst_node_id, msg.metadata.message_type,
+                   ttl=msg.metadata.ttl, group_id=msg.metadata.group_id)
+    copy.metadata.__dict__.update(vars(msg.metadata))
+    return copy
+
+
+def reply_or_error(client_app: ClientApp, msg: Message, context: Context) -> Message:
+    """``client_app``'s reply to ``msg``, or the error reply Flower would send for it.
+
+    - an exception: ``CLIENT_APP_RAISED_EXCEPTION``, ``"<class 'E'>:<'message'>"``
+      and the traceback;
+    - ``SystemExit`` (``sys.exit()``): ``CLIENT_APP_CRASHED``, "ClientApp
+      stopped responding. It raised <class 'SystemExit'>:<'code'> (sys.exit)"
+      and the traceback;
+    - a return that is not a ``Message`` replying to ``msg``:
+      ``CLIENT_APP_CRASHED``, "ClientApp stopped responding. It returned ...".
+
+    ``KeyboardInterrupt`` is raised. ``msg`` is the node's own copy.
+    """
+    try:
+        reply = client_app(msg, context)
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as err:
+        reason = f"{CRASHED} It raised {type(err)}:<'{err}'> (sys.exit)\n{traceback.format_exc()}"
+        return error_reply(msg, CLIENT_APP_CRASHED, reason)
+    except BaseException as err:  # noqa: BLE001 - as Flower's runtime: reported, not raised
+        reason = f"{type(err)}:<'{err}'>\n{traceback.format_exc()}"
+        return error_reply(msg, CLIENT_APP_RAISED_EXCEPTION, reason)
+    if not isinstance(reply, Message):
+        return error_reply(msg, CLIENT_APP_CRASHED,
+                           f"{CRASHED} It returned {type(reply)}, not a reply Message.")
+    if reply.metadata.reply_to_message_id != msg.metadata.message_id:
+        return error_reply(msg, CLIENT_APP_CRASHED,
+                           f"{CRASHED} It returned a Message that is not a reply to its message "
+                           f"(reply_to_message_id {reply.metadata.reply_to_message_id!r}; "
+                           "build it with Message(content, reply_to=message)).")
+    return reply
+
+
+def error_reply(msg: Message, code: int, reason: str) -> Message:
+    """The error reply to ``msg`` with Flower's error ``code`` and ``reason``."""
+    return Message(Error(code=code, reason=reason), reply_to=msg)
+
+
+class ThreadCall(Generic[T]):
+    """``fn()`` running in a daemon thread of its own, which the caller may stop waiting for.
+
+    Started on construction. :meth:`wait` waits up to ``timeout`` seconds
+    (a Ctrl-C interrupts it); :meth:`outcome` is ``fn``'s result, or raises
+    what ``fn`` raised.
+    """
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self._fn = fn
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._fn()
+        except BaseException as err:  # noqa: BLE001 - raised by outcome(), in the caller's thread
+            self._error = err
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether ``fn`` has returned (or raised) within ``timeout`` seconds (``None``: no limit)."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+    def outcome(self) -> T:
+        """``fn``'s result, or what it raised (raised here); only once :meth:`wait` returned True."""
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+__all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "ThreadCall", "error_reply", "received_copy",
+           "reply_or_error"]
