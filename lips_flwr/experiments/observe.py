@@ -120,7 +120,6 @@ class RunObserver:
         """Instructions just pushed: note their round and kind; read the global model they carry."""
         with self._lock:
             messages = list(messages)
-            new_round = False
             for msg in messages:
                 kind = msg.metadata.message_type.split(".")[0]
                 rnd = _round_of(msg)
@@ -131,15 +130,12 @@ class RunObserver:
                 self._pending[msg.metadata.message_id] = (rnd, kind)
                 counts = self._counts.setdefault((rnd, kind), {"instructions": 0, "replies": 0, "errors": 0})
                 counts["instructions"] += 1
-                new_round = new_round or (kind == "train" and (rnd - 1) in self.rounds)
             if messages:
                 first = min(messages, key=lambda m: m.metadata.dst_node_id)
                 rnd, kind = _round_of(first), first.metadata.message_type.split(".")[0]
                 arrays = _first_arrays(first)
                 if rnd is not None and arrays is not None and kind in KINDS:
                     self._saw_model(rnd - 1 if kind == "train" else rnd, arrays)
-            if new_round:
-                self.save()
 
     def replied(self, replies: Iterable[Message]) -> None:
         """One delivery's replies (errors included): count them, keep their metrics; fail all-error rounds."""
@@ -164,6 +160,9 @@ class RunObserver:
                         self.evaluate_keys = list(metrics)
             for where in sorted(delivered):
                 self._aggregate(where)
+            # Kept before the strategy sees the replies, so before it checkpoints this round: a
+            # resumed run finds every round its checkpoint holds in these observations.
+            self.save()
             for (rnd, kind), errors in sorted(delivered.items()):
                 # A whole round in one delivery (the Message API's strategies), every reply an error.
                 # (The legacy API delivers node by node: check() finds its failed rounds at the end.)
@@ -206,6 +205,7 @@ class RunObserver:
                 step = float(np.linalg.norm(now.astype(np.float64) - before))
                 steps[name] = step / base if base > 0 else None
             self.rounds.setdefault(index, {})["relative_step"] = steps
+            self.save()  # (before the model: a stop between the two computes this step again)
         self._last = (index, weights)
         if self.keep_model and self.staging is not None:
             saved: dict[str, Any] = {**weights, "__round__": np.array(index)}

@@ -129,17 +129,24 @@ def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int)
     try:
         execute(job, resuming, observer)
     except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
-        os._exit(130)
+        _exit(130)
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
         detail = "".join(traceback.format_exception(err))[-4000:]
         send(("failed", f"{type(err).__name__}: {err}", detail, observer.first_error))
         conn.close()
         shutil.rmtree(job.staging, ignore_errors=True)
-        os._exit(1)
+        _exit(1)
     shutil.rmtree(job.staging, ignore_errors=True)
     send(("done",))
     conn.close()
-    os._exit(0)
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """End the process now, output flushed (not waiting for the app's threads or atexit hooks)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 __all__ = ["execute", "run_process"]
