@@ -29,7 +29,8 @@ from lips_flwr.experiments.store import (
     write_result,
 )
 
-PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = ROOT / "examples" / "paper"
 
 
 # --------------------------------------------------------------------------- apps
@@ -160,14 +161,14 @@ def test_a_second_sweep_is_refused_while_one_holds_the_folder(tmp_path):
         code = ("import sys; from pathlib import Path; from lips_flwr.experiments.store import SweepLock\n"
                 "try:\n    SweepLock(Path(sys.argv[1]))\nexcept ValueError as err:\n    print(err)")
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                               check=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+                               check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert f"in use by another sweep (pid {os.getpid()}" in other.stdout
     assert not (tmp_path / ".sweep.lock").exists()
     # A holder killed with its lock: the OS freed the flock, its file is no obstacle.
     subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
                     "from lips_flwr.experiments.store import SweepLock; SweepLock(Path(sys.argv[1])); "
                     "os._exit(9)", str(tmp_path)], check=False,
-                   env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (tmp_path / ".sweep.lock").exists()
     with SweepLock(tmp_path):
         pass
