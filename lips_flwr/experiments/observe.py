@@ -20,9 +20,10 @@ A round is read from the instruction's ``server-round`` config entry
 A round whose train (or evaluate) instructions were all answered with errors
 ends the run (:class:`RunFailed`): every later round would fail alike.
 
-In a resumable run the observations so far and the last global model are
-kept in the staging folder after every round; a resumed run keeps the rounds
-before its first new round from them (:meth:`RunObserver.resume_from`).
+The observations so far are kept in the staging folder after every delivery
+and every new step, and in a resumable run the last global model too; a
+resumed run keeps the rounds before its first new round from them
+(:meth:`RunObserver.resume_from`).
 """
 
 from __future__ import annotations
