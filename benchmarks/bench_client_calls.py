@@ -44,7 +44,7 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     stacked one, the Rendezvous leader's gathered calls (``_execute``).
     """
     sys.path.insert(0, str(Path.cwd() / "examples" / "paper"))
-    from batched import run_config
+    from lips_flwr.experiments.apps import load_app, resolve_run_config
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 
@@ -76,7 +76,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
                  "local-epochs": 1, "lips-state-dir": f"{state}/clients", "checkpoint-path": f"{state}/ck.npz"})
     with training.computing_with(Timed()):
         start = time.perf_counter()
-        grid = run_batched(server_app, client_app, run_config=run_config(conf), num_nodes=nodes,
+        config = resolve_run_config(load_app(Path.cwd() / "examples" / "paper"), conf)
+        grid = run_batched(server_app, client_app, run_config=config, num_nodes=nodes,
                            engine=engine)
         wall = time.perf_counter() - start
     import lips_flwr

@@ -8,7 +8,8 @@ order rotating every repetition (``--reps``):
   (:func:`~lips_flwr.experiments.local_flower.local_flower`, a fresh Flower
   home per run, so the SuperLink's start-up is included), Ray simulation,
   1 CPU per client (as many clients at once as the machine has cores);
-- ``batched``: :func:`examples/paper/batched.run_paper` with
+- ``batched``: the paper app's ServerApp and ClientApp on
+  :func:`~lips_flwr.experiments.batched.run_batched` with
   ``engine="sequential"`` (``--gpu``: ``"stacked"`` and ``"auto"``) in a
   fresh Python process (``python benchmarks/bench_engines.py --child ...``:
   start-up and imports included);
@@ -63,6 +64,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "paper"
+
+
+def run_config(values: dict) -> dict:
+    """The paper app's run config for ``values``, as ``flwr run`` resolves it (its defaults fused)."""
+    from lips_flwr.experiments.apps import load_app, resolve_run_config
+
+    return resolve_run_config(load_app(APP), values)
 CONF = APP / "conf" / "fashion-mnist-quick.toml"
 for _path in (str(ROOT), str(APP)):
     if _path not in sys.path:
@@ -157,11 +165,10 @@ def child_batched(spec: dict) -> dict:
     import lips_paper.client_app as client_app
     import lips_paper.server_app as server_app
     import torch
-    from batched import run_paper
 
     from lips_flwr.experiments import training
     from lips_flwr.experiments.batched import grid as batched_grid
-    from lips_flwr.experiments.batched import rendezvous
+    from lips_flwr.experiments.batched import rendezvous, run_batched
 
     client_app.load_dataset = loader(spec["synthetic"])  # the ClientApp looks it up per call
     events: dict[str, list] = {"save": [], "deliver": [], "compute": []}
@@ -196,7 +203,9 @@ def child_batched(spec: dict) -> dict:
     # sequential: the clients call local_compute() in this thread; stacked: each client thread
     # gets the Rendezvous (whose leader is timed above) instead of this.
     with training.computing_with(TimedCompute(training.SEQUENTIAL, events["compute"])):
-        error = run_paper(spec["values"], spec["nodes"], spec["engine"], spec.get("chunk_size"))
+        error = run_batched(server_app.app, client_app.app, run_config=run_config(spec["values"]),
+                            num_nodes=spec["nodes"], engine=spec["engine"],
+                            chunk_size=spec.get("chunk_size")).first_error
     out = {"events": events, "error": error,
            "results": json.loads(Path(spec["values"]["results-path"]).read_text())}
     if torch.cuda.is_available():
@@ -209,7 +218,6 @@ def child_floor(spec: dict) -> dict:
     """The clients' work with no Flower: one reused model, one client after another, plain mean."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
-    from batched import run_config
 
     from lips_flwr.experiments.data import DATASET_INFO, client_split
     from lips_flwr.experiments.models import build_model
@@ -387,8 +395,7 @@ class TreeSampler(threading.Thread):
 
 def run_flwr(w: dict, tmp: Path, tag: str, timeout: float) -> dict:
     """One ``flwr run`` on a fresh local SuperLink; end-to-end wall, round walls, peak tree memory."""
-    from run_grid import run_config_string
-
+    from lips_flwr.experiments.flwr_runs import run_config_string
     from lips_flwr.experiments.local_flower import first_error, local_flower
 
     results = tmp / f"{tag}.json"
@@ -439,7 +446,6 @@ def run_engine(name: str, w: dict, tmp: Path, tag: str, args) -> dict:
 def flops_per_round(w: dict) -> dict:
     """Training and evaluation FLOPs of one round (``FlopCounterMode``: convolutions and matmuls)."""
     import torch
-    from batched import run_config
     from torch.nn import functional as F
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -4,13 +4,16 @@
 #   bench (issue #14: 100 ResNet8 clients, stacked vs auto vs the compute floor, FLOPs, bf16):
 #     run(command="bash benchmarks/gpu/device_batched.sh bench", carry=[".gpu_data", ".gpu_head"], timeout_s=560)
 #   study (issue #15, regime b: PROTOCOL.md, resumable; the runs come back in $OUT/prereg-gpu.tar.gz,
-#   the finished ones and the others' partial results and state (hidden, git-ignored). Unpack it into
-#   docs/results/prereg/ here and call again, carrying that folder, to continue where the runs stopped):
+#   the finished ones and the stopped ones' staging folders (.staging/: their partial results and state,
+#   git-ignored). Unpack it into docs/results/prereg/ here and call again, carrying both folders, to
+#   continue where the runs stopped):
 #     run(command="bash benchmarks/gpu/device_batched.sh study", timeout_s=590,
-#         carry=[".gpu_data", ".gpu_head", "docs/results/prereg/prereg-fmnist-gpu-dir0.1"])
+#         carry=[".gpu_data", ".gpu_head", "docs/results/prereg/prereg-fmnist-gpu-dir0.1",
+#                "docs/results/prereg/.staging"])
 #   (a stopped run's state is its checkpoint and 100 clients' FedBN state, ~3 MB for FashionCNN; a call
-#   carries 64 MiB at most: check `du -shc` of the three paths first, and lower STUDY_JOBS, which bounds
-#   the runs left stopped, if they do not fit)
+#   carries 64 MiB at most: check `du -shc` of the paths first, and lower STUDY_JOBS, which bounds
+#   the runs left stopped, if they do not fit. The runner continues a stopped run only under the same
+#   identity: the same code, run config and engine; dataset-path may differ)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/log") 2>&1
@@ -29,7 +32,8 @@ case "${1:-bench}" in
       --jobs "${STUDY_JOBS:-$(nproc)}" \
       --set "dataset-path='$PWD/.gpu_data/fashion-mnist'"
     rc=$?
-    tar -czf "$OUT/prereg-gpu.tar.gz" -C docs/results/prereg prereg-fmnist-gpu-dir0.1 2>/dev/null
+    tar -czf "$OUT/prereg-gpu.tar.gz" -C docs/results/prereg prereg-fmnist-gpu-dir0.1 \
+      $(cd docs/results/prereg && ls -d .staging/prereg-fmnist-gpu-dir0.1 2>/dev/null) 2>/dev/null
     cp docs/results/prereg/report.md "$OUT/" 2>/dev/null ;;
   *) echo "usage: device_batched.sh bench|study"; exit 2 ;;
 esac

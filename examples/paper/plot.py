@@ -1,4 +1,8 @@
-"""Accuracy curves per algorithm (mean and 95% CI over seeds) and inertia heatmaps from results files.
+"""Accuracy curves per algorithm (mean and 95% CI over seeds) and inertia heatmaps from result files.
+
+Result files are read with :func:`lips_flwr.experiments.store.read_result`
+(the runner's files and those of earlier sessions); the paper app's own
+record (``run_config``, ``rounds``, ``summary``) is what is plotted.
 
     python examples/paper/plot.py results/paper/fashion-mnist-quick             # accuracy.png
     python examples/paper/plot.py results/paper/fashion-mnist-quick --heatmaps  # + <run>-heatmap.png
@@ -7,18 +11,27 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from lips_flwr.experiments.store import read_result
 
-def load_runs(folder: Path) -> dict[str, list[dict]]:
-    """Results files of ``folder`` grouped by algorithm."""
+
+def app_record(path: Path) -> dict:
+    """The paper app's own record of a result file (``run_config``, ``rounds``, ``summary``)."""
+    record = read_result(path).app
+    if record is None:
+        raise ValueError(f"{str(path)!r} holds no results of the paper app")
+    return record
+
+
+def load_runs(folder: Path, paths: list[Path] | None = None) -> dict[str, list[dict]]:
+    """The result files ``paths`` (default: every ``*.json`` of ``folder``) grouped by algorithm."""
     runs: dict[str, list[dict]] = defaultdict(list)
-    for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text())
+    for path in sorted(folder.glob("*.json")) if paths is None else paths:
+        data = app_record(path)
         runs[str(data["run_config"]["algorithm"])].append(data)
     return dict(runs)
 
@@ -65,27 +78,28 @@ def mean_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, n
     return mean, stats.t.ppf(0.5 + confidence / 2, n - 1) * values.std(0, ddof=1) / np.sqrt(n)
 
 
-def plot_accuracy(folder: Path, out: Path | None = None) -> Path:
+def plot_accuracy(folder: Path, out: Path | None = None, runs: list[Path] | None = None) -> Path:
     """Client-mean test accuracy after (solid) and before (dashed) aggregation, mean and 95% CI over seeds.
 
     The setup (clients, samples, alpha, rounds) is stated under the title, the
     rounds in which LIPS masked are marked (dotted), and the legend sits
-    beside the axes, never over the data.
+    beside the axes, never over the data. ``runs``: the result files to plot
+    (default: every one of ``folder``).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = load_runs(folder)
-    if not runs:
+    by_algorithm = load_runs(folder, runs)
+    if not by_algorithm:
         raise FileNotFoundError(f"no results files in {folder}")
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    masked = mask_rounds(runs)
+    masked = mask_rounds(by_algorithm)
     for r in masked:
         ax.axvline(r, color="0.6", lw=0.6, ls=":", zorder=0)
     seeds = set()
-    for i, (name, group) in enumerate(sorted(runs.items())):
+    for i, (name, group) in enumerate(sorted(by_algorithm.items())):
         color = f"C{i}"
         seeds.add(len(group))
         for part, key, style in (("evaluate", "acc-after", "-"), ("train", "acc-before", "--")):
@@ -104,7 +118,7 @@ def plot_accuracy(folder: Path, out: Path | None = None) -> Path:
     ax.set_xlabel("round")
     ax.set_ylabel("client-mean test accuracy")
     spread = "mean and 95% CI over seeds" if max(seeds) > 1 else "one seed"
-    ax.set_title(f"{folder.name}: {spread}\n{setup_line(runs)}", fontsize=9)
+    ax.set_title(f"{folder.name}: {spread}\n{setup_line(by_algorithm)}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, not over it
     out = out or folder / "accuracy.png"
@@ -121,7 +135,7 @@ def plot_heatmap(results: Path, out: Path | None = None, key: str = "inertia-cos
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = json.loads(results.read_text())
+    data = app_record(results)
     rounds = sorted(data["rounds"], key=int)
     layers: list[str] = []
     for r in rounds:

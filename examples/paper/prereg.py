@@ -4,22 +4,26 @@
     python examples/paper/prereg.py report                         # tables, tests, verdicts, figures
     python examples/paper/prereg.py run --regime gpu --jobs 16    # on one GPU machine (regime b: one run per core)
 
-Every run writes ``<out>/<conf>/<method>-seed<k>.json`` only when it has
-finished; a stopped run leaves a hidden partial file and state folder beside
-it and continues from its last round on the next ``run`` (:func:`run_task`).
-Runs go seed by seed, so that a study stopped early still has
-every method on the same seeds. ``report`` uses every finished file and says
-how many seeds each comparison has.
+The runs go through the one experiment runner
+(:func:`lips_flwr.experiments.sweep.run_sweep`): each is
+``<out>/<conf>/<method>-seed<k>.json``, written when it has finished, with
+its identity and provenance. A finished run of the same identity is reused
+(the committed runs predate identities: their run config is compared); a
+file of other settings, such as a small trial's, stops ``run`` before
+anything runs, naming the keys (``--recompute`` replaces them). A stopped run
+continues from its last round on the next ``run`` (its LIPS checkpoint and
+its clients' FedBN state wait in ``<out>/.staging/``). ``dataset-path`` is
+where the data is, not what it is: it is left out of a run's identity, so a
+run may continue on a machine that keeps the data elsewhere. Runs go seed by
+seed, so that a study stopped early still has every method on the same
+seeds. ``report`` uses every finished file and says how many seeds each
+comparison has.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
-import os
-import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -29,8 +33,13 @@ import numpy as np
 APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
 from plot import mask_rounds  # noqa: E402
-from run_grid import run_one_batched  # noqa: E402
-from stats import holm, paired  # noqa: E402
+
+from lips_flwr.experiments import stats  # noqa: E402
+from lips_flwr.experiments.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402, F401 - verdict: the report's words
+from lips_flwr.experiments.store import read_result  # noqa: E402
+from lips_flwr.experiments.sweep import SweepFailed, run_sweep  # noqa: E402
 
 ROOT = APP.parents[1]
 OUT = ROOT / "docs" / "results" / "prereg"
@@ -60,90 +69,30 @@ def load_conf(name: str) -> tuple[dict, int]:
     return conf, int(conf.pop("federation", {}).get("num-supernodes", 10))
 
 
-def run_task(conf: dict, nodes: int, method: str, seed: int, results: str, engine: str) -> str:
-    """One run into ``results``, resumable: a stopped run continues from its last round next time.
+def run_specs(regime: str, engine: str, seeds: tuple[int, ...], overrides: list[str] | None = None,
+              num_nodes: int | None = None) -> list[RunSpec]:
+    """The runs of ``regime``, stage by stage and seed by seed (``overrides``/``num_nodes``: a trial).
 
-    Until it has finished, the run writes its results to a hidden partial
-    file and keeps a LIPS checkpoint and its clients' FedBN state in a hidden
-    state folder beside it (``.<method>-seed<k>.state/``); a later call finds
-    them and continues after the last checkpointed round, with the same
-    numbers as a run never stopped. Only a finished run appears as
-    ``results``; its state folder is then removed. A run that *fails* (an
-    error, not a stop) leaves nothing, so that the next call starts it
-    again; so does a stopped run whose settings (the run config but the data
-    path, the node count, the engine, CUDA or not) differ from this call's.
+    Each run's process gets the regime's environment (:data:`RUN_ENV`) before its imports.
     """
-    path = Path(results)
-    if path.exists():  # finished by another `run` meanwhile
-        return results
-    partial = path.with_name(f".{path.name}.partial")
-    state = path.with_name(f".{path.stem}.state")
-    import torch
-
-    settings = {"conf": {k: v for k, v in conf.items() if k != "dataset-path"}, "nodes": nodes,
-                "method": method, "seed": seed, "engine": engine, "cuda": torch.cuda.is_available()}
-    saved = state / "settings.json"
-    try:
-        same = json.loads(saved.read_text()) == json.loads(json.dumps(settings))
-    except (OSError, ValueError):
-        same = False
-    if not same:  # nothing to continue: start from round 1
-        if state.exists():
-            print(f"[{path.parent.name} {method} seed {seed}] its stopped run had other settings: "
-                  "starting again from round 1", flush=True)
-        shutil.rmtree(state, ignore_errors=True)
-        partial.unlink(missing_ok=True)
-        state.mkdir(parents=True)
-        saved.write_text(json.dumps(settings, indent=1, sort_keys=True))
-    resumable = {**conf, "checkpoint-path": str(state / "checkpoint.npz"), "resume": "auto",
-                 "lips-state-dir": str(state / "clients")}
-    try:
-        run_one_batched(resumable, nodes, method, seed, partial, engine, name=path.parent.name)
-    except (Exception, SystemExit):  # failed, not stopped (a stop is a signal or KeyboardInterrupt)
-        shutil.rmtree(state, ignore_errors=True)
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
-    shutil.rmtree(state, ignore_errors=True)
-    return results
-
-
-def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], overrides: dict | None = None,
-        num_nodes: int | None = None) -> None:
-    """Every missing run of ``regime`` (``overrides``/``num_nodes``: a smaller trial, never the study)."""
-    tasks = []
+    specs = []
     for conf_name, methods in PLAN[regime]:
-        conf, nodes = load_conf(conf_name)
-        conf.update(overrides or {})
-        nodes = num_nodes or nodes
-        folder = out / conf_name
-        folder.mkdir(parents=True, exist_ok=True)
+        values, federation = parse_overrides([str(APP / "conf" / f"{conf_name}.toml"), *(overrides or [])])
+        nodes = num_nodes or num_supernodes(federation)
         for seed in seeds:
             for method in methods:
-                results = folder / f"{method}-seed{seed}.json"
-                if not results.exists():
-                    tasks.append((conf, nodes, method, seed, str(results), engine))
-                else:  # a run stopped between finishing and removing its state
-                    shutil.rmtree(folder / f".{results.stem}.state", ignore_errors=True)
-    print(f"{len(tasks)} runs to do ({regime}, {jobs} at a time)", flush=True)
-    env = RUN_ENV.get(regime, {})
-    if jobs <= 1 and not env:  # (in this process numpy is already loaded)
-        for task in tasks:
-            run_task(*task)
-        return
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)  # read by each worker process's numpy at its import
-    try:
-        with concurrent.futures.ProcessPoolExecutor(max(jobs, 1),
-                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
-            for done in concurrent.futures.as_completed([pool.submit(run_task, *t) for t in tasks]):
-                print(f"finished {done.result()}", flush=True)
-    finally:  # the caller's own environment as it was
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+                specs.append(RunSpec(APP, f"{conf_name}/{method}-seed{seed}", seed, {**values, "algorithm": method},
+                                     num_nodes=nodes, engine=engine, env=RUN_ENV[regime],
+                                     location_keys=("dataset-path",)))
+    return specs
+
+
+def run(regime: str, out: Path, jobs: int, engine: str, seeds: tuple[int, ...], overrides: list[str] | None = None,
+        num_nodes: int | None = None, recompute: bool = False) -> list[Path]:
+    """Every run of ``regime`` not finished yet into ``out`` (see the module docstring)."""
+    specs = run_specs(regime, engine, seeds, overrides, num_nodes)
+    print(f"{len(specs)} runs in regime {regime} ({jobs} at a time; finished ones are reused)", flush=True)
+    return run_sweep(specs, out, jobs=jobs, recompute=recompute, progress=lambda line: print(line, flush=True))
 
 
 # ----------------------------------------------------------------------------- report
@@ -161,11 +110,18 @@ def endpoint(data: dict, part: str = "evaluate", key: str = "acc-after") -> floa
 
 
 def load_folder(folder: Path) -> dict[str, dict[int, dict]]:
+    """The paper app's records of the folder's result files, by method and seed."""
     runs: dict[str, dict[int, dict]] = {}
     for path in sorted(folder.glob("*-seed*.json")):
-        data = json.loads(path.read_text())
+        data = read_result(path).app or {}
         runs.setdefault(str(data["run_config"]["algorithm"]), {})[int(data["run_config"]["seed"])] = data
     return runs
+
+
+def without_provenance(folder: Path) -> tuple[int, int]:
+    """(result files of ``folder`` written before the runner recorded provenance, all result files)."""
+    paths = sorted(folder.glob("*-seed*.json"))
+    return sum(read_result(p).provenance is None for p in paths), len(paths)
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -183,28 +139,10 @@ def compare(runs: dict, a: str, b: str, part: str = "evaluate", key: str = "acc-
     return {**paired(diffs), "seeds": seeds, "differences": diffs} if len(diffs) >= 2 else None
 
 
-def verdict(result: dict, adjusted: float) -> str:
-    if adjusted < 0.05 and result["ci_low"] > 0:
-        return "supported"
-    if adjusted < 0.05 and result["ci_high"] < 0:
-        return "contradicted"
-    return "no effect detected"
-
-
 def inertia_rho(data: dict, middle: list[str], edges: list[str]) -> dict | None:
-    """``rho_l`` = late / early mean relative step per layer, and whether inertia arises (PROTOCOL.md)."""
-    last = int(data["run_config"]["num-server-rounds"])
-    rho = {}
-    for layer in middle + edges:
-        steps = series(data, "train", f"inertia-rel-step/{layer}")
-        early = [steps[r] for r in range(2, 7) if r in steps]
-        late = [steps[r] for r in range(last - LAST + 1, last + 1) if r in steps]
-        if not early or not late or np.mean(early) == 0:
-            return None
-        rho[layer] = float(np.mean(late) / np.mean(early))
-    middle_rho = float(np.median([rho[m] for m in middle]))
-    edge_rho = float(np.mean([rho[e] for e in edges]))
-    return {"rho": rho, "middle": middle_rho, "edges": edge_rho, "arises": middle_rho < 0.5 * edge_rho}
+    """``rho_l`` = late / early mean relative step per layer of a run's record (:func:`stats.inertia_rho`)."""
+    steps = {layer: series(data, "train", f"inertia-rel-step/{layer}") for layer in middle + edges}
+    return stats.inertia_rho(steps, middle, edges, int(data["run_config"]["num-server-rounds"]))
 
 
 def setbacks(data: dict) -> list[tuple[float, int | None]]:
@@ -283,13 +221,13 @@ def report_conf(conf_name: str, folder: Path, family: dict[str, tuple[str, str]]
     middle, edges = layer_groups(conf_name)
     rhos = [r for r in (inertia_rho(d, middle, edges) for d in runs.get("fedbn", {}).values()) if r is not None]
     if rhos:
-        arises = sum(r["arises"] for r in rhos)
-        summary["inertia"] = {"runs": len(rhos), "arises_in": arises, "rho": rhos}
+        found = stats.inertia_verdict(rhos)
+        summary["inertia"] = {"runs": found["runs"], "arises_in": found["arises_in"], "rho": rhos}
         lines += ["", f"Inertia (FedBN, late/early relative step): middle layers' median rho "
-                      f"{np.median([r['middle'] for r in rhos]):.3f}, first/last layers' mean rho "
-                      f"{np.median([r['edges'] for r in rhos]):.3f} (medians over seeds); "
-                      f"inertia arises in {arises} of {len(rhos)} runs "
-                      f"({'arises' if arises >= 5 * len(rhos) / 6 else 'does not arise'} by the protocol's rule)."]
+                      f"{found['middle']:.3f}, first/last layers' mean rho "
+                      f"{found['edges']:.3f} (medians over seeds); "
+                      f"inertia arises in {found['arises_in']} of {found['runs']} runs "
+                      f"({found['verdict']} by the protocol's rule)."]
     for method in ("lips", "lips-random", "lips-inertia"):
         events = [e for d in runs.get(method, {}).values() for e in setbacks(d)]
         if events:
@@ -397,10 +335,13 @@ def report(out: Path) -> None:
     lines = ["# Pre-registered study: results", "", "Protocol: [examples/paper/PROTOCOL.md]"
              "(../../../examples/paper/PROTOCOL.md). Accuracies are fractions; differences in points.", ""]
     summary = {}
+    old = total = 0
     for conf_name in sorted({c for stages in PLAN.values() for c, _ in stages}):
         folder = out / conf_name
         if not folder.is_dir() or not any(folder.glob("*-seed*.json")):
             continue
+        missing, found = without_provenance(folder)
+        old, total = old + missing, total + found
         # H1-H3 with Holm in regime (a) Dir(0.1) and in (b); Dir(1.0) is exploratory (PROTOCOL.md).
         confirmatory = conf_name.endswith("dir0.1")
         family = HYPOTHESES if confirmatory else {}
@@ -409,6 +350,10 @@ def report(out: Path) -> None:
         shown = {**family, **{"exploratory": pair for pair in exploratory}}
         names = ", ".join(f"`{p.name}`" for p in figures(conf_name, folder, shown))
         lines += conf_lines + ["", f"Figures in `{conf_name}/`: {names}.", ""]
+    if old:  # (after the header paragraph)
+        lines[4:4] = [f"{old} of the {total} result files predate provenance: they were written before the runner "
+                      "recorded a run's identity (code version, engine) and environment (library versions, CPU, "
+                      "threads), and are read as they are.", ""]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n")
     print("\n".join(lines))
@@ -426,12 +371,15 @@ def main() -> None:
                         help="run-config overrides: a data location (dataset-path), or a small trial "
                              "into another --out (never the study's settings)")
     parser.add_argument("--num-supernodes", type=int, default=None, help="for a small trial")
+    parser.add_argument("--recompute", action="store_true",
+                        help="run again (and replace) result files computed with other settings")
     args = parser.parse_args()
     if args.what == "run":
-        from run_grid import parse_overrides
-
-        run(args.regime, args.out.resolve(), args.jobs, args.engine, tuple(int(s) for s in args.seeds.split(",")),
-            parse_overrides(args.set), args.num_supernodes)
+        try:
+            run(args.regime, args.out.resolve(), args.jobs, args.engine,
+                tuple(int(s) for s in args.seeds.split(",")), args.set, args.num_supernodes, args.recompute)
+        except (SweepFailed, ValueError) as err:
+            raise SystemExit(str(err)) from None
     report(args.out.resolve())
 
 

@@ -12,28 +12,32 @@
     python examples/paper/study.py --out docs/results/fmnist-study        # runs everything
     python examples/paper/study.py --out docs/results/fmnist-study --report-only
 
-Results: ``<out>/select/*.json``, ``<out>/eval/*.json``, ``<out>/selected.json``,
-``<out>/table.md``, ``<out>/accuracy.png`` and inertia heatmaps.
+Results: ``<out>/select/*.json``, ``<out>/eval/*.json`` (result files of the
+one experiment runner, :func:`lips_flwr.experiments.sweep.run_sweep`: a run
+of the same identity is reused, a file of other settings, e.g. another conf
+file, stops the study before anything runs, naming the keys, unless
+``--recompute``), ``<out>/selected.json``, ``<out>/table.md``,
+``<out>/accuracy.png`` and inertia heatmaps.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import signal
 import sys
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy, plot_heatmap  # noqa: E402
-from run_grid import ROOT, run_one, run_one_batched, table  # noqa: E402
+from run_grid import APP, table  # noqa: E402
 
-from lips_flwr.experiments.local_flower import local_flower  # noqa: E402
+from lips_flwr.experiments.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.store import read_result  # noqa: E402
+from lips_flwr.experiments.sweep import SweepFailed, run_sweep  # noqa: E402
 
 # Candidate settings per method; methods absent here have nothing to tune, and
 # the LIPS variants reuse the (tau0, every) selected for LIPS.
@@ -49,7 +53,7 @@ METHODS = ("fedavg", "fedbn", "lips", *LIPS_VARIANTS, "fedbn-dropout", "fedbn-wd
 
 def validation_score(path: Path) -> float:
     """Client-mean validation accuracy after aggregation, mean of the last 5 evaluated rounds."""
-    rounds = json.loads(path.read_text())["rounds"]
+    rounds = (read_result(path).app or {})["rounds"]
     series = [m["evaluate"]["val-acc-after"] for _, m in sorted(rounds.items(), key=lambda kv: int(kv[0]))
               if "val-acc-after" in m.get("evaluate", {})]
     return float(np.mean(series[-5:]))
@@ -59,22 +63,51 @@ def tag(setting: dict) -> str:
     return "-".join(f"{k}{v}" for k, v in setting.items())
 
 
-def run_into(flower, conf: dict, federation: str, method: str, seed: int, results: Path,
-             timeout: float, nodes: int = 10, engine: str = "auto") -> None:
-    """:func:`run_one`, whose results become ``results`` only if the run succeeded.
+def selection_specs(conf: dict, nodes: int, seed: int, engine: str, **options) -> list[RunSpec]:
+    """Every candidate setting of every tunable method, on the selection seed (``<method>-<setting>``)."""
+    return [RunSpec(APP, f"{method}-{tag(setting)}", seed, {**conf, **setting, "algorithm": method},
+                    num_nodes=nodes, engine=engine, **options)
+            for method, settings in GRID.items() for setting in settings]
 
-    The study skips runs whose results exist: a run that failed or was stopped
-    half-way must leave none behind, or the next invocation would take it as done.
-    """
-    partial = results.with_name(f".{results.name}.partial")
-    try:
-        if flower is None:  # the batched Grid, in this process
-            run_one_batched(conf, nodes, method, seed, partial, engine, name=results.parent.name)
-        else:
-            run_one(flower, conf, federation, method, seed, partial, timeout, name=results.parent.name)
-        os.replace(partial, results)
-    finally:
-        partial.unlink(missing_ok=True)
+
+def evaluation_specs(conf: dict, nodes: int, seeds: list[int], selected: dict, engine: str,
+                     **options) -> list[RunSpec]:
+    """Each method with its selected setting on each evaluation seed (``<method>-seed<k>``)."""
+    return [RunSpec(APP, f"{method}-seed{seed}", seed,
+                    {**conf, **selected.get(method, {}).get("setting", {}), "algorithm": method},
+                    num_nodes=nodes, engine=engine, **options)
+            for seed in seeds for method in METHODS]
+
+
+def select(scores: dict[str, list[tuple[float, dict]]]) -> dict:
+    """The best setting per method by validation score; the LIPS variants take LIPS's."""
+    selected = {}
+    for method, found in scores.items():
+        best = max(found, key=lambda s: s[0])
+        selected[method] = {"setting": best[1], "validation": {tag(s): v for v, s in found}}
+        print(f"selected for {method}: {best[1]} (validation {best[0]:.4f})", flush=True)
+    for variant in LIPS_VARIANTS:
+        selected[variant] = {"setting": selected["lips"]["setting"], "validation": "as lips"}
+    return selected
+
+
+def run_study(args: argparse.Namespace, out: Path) -> list[Path]:
+    """Selection, then evaluation, through the runner; the evaluation's result files."""
+    conf, federation = parse_overrides([str(args.conf)])
+    nodes = num_supernodes(federation)
+    engine = "flwr" if args.engine == "flwr" else "auto"
+    sweep = {"jobs": args.jobs, "recompute": args.recompute, "flwr_timeout": args.timeout,
+             "progress": lambda line: print(line, flush=True)}
+    specs = selection_specs(conf, nodes, args.select_seed, engine)
+    paths = run_sweep(specs, out / "select", **sweep)
+    scores: dict[str, list[tuple[float, dict]]] = {}
+    candidates = [(method, setting) for method, settings in GRID.items() for setting in settings]
+    for (method, setting), path in zip(candidates, paths):  # (selection_specs' order)
+        scores.setdefault(method, []).append((validation_score(path), setting))
+    selected = select(scores)
+    (out / "selected.json").write_text(json.dumps(selected, indent=2, sort_keys=True))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    return run_sweep(evaluation_specs(conf, nodes, seeds, selected, engine), out / "eval", **sweep)
 
 
 def main() -> None:
@@ -86,51 +119,27 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--report-only", action="store_true", help="only rebuild table and figures")
     parser.add_argument("--engine", choices=("flwr", "batched"), default="batched",
-                        help="flwr: `flwr run` (Ray); batched: the batched Grid in this process (default)")
+                        help="flwr: `flwr run` (Ray); batched: the batched Grid, a process per run (default)")
+    parser.add_argument("--jobs", type=int, default=1, help="with --engine batched: runs at once")
+    parser.add_argument("--recompute", action="store_true",
+                        help="run again (and replace) result files computed with other settings")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out.resolve()
-    conf = tomllib.loads(args.conf.read_text())
-    nodes = conf.pop("federation", {}).get("num-supernodes", 10)
-    federation = f"num-supernodes={nodes} client-resources-num-cpus=1"
-    select_dir, eval_dir = out / "select", out / "eval"
-    for folder in (select_dir, eval_dir):
-        folder.mkdir(parents=True, exist_ok=True)
-
+    eval_dir = out / "eval"
+    runs: list[Path] | None = None
     if not args.report_only:
-        with contextlib.ExitStack() as stack:
-            flower = None if args.engine == "batched" else stack.enter_context(local_flower(
-                out / ".flwr_home", pythonpath=[str(ROOT), str(Path(__file__).parent)], cwd=ROOT))
-            selected = {}
-            for method, settings in GRID.items():
-                scores = []
-                for setting in settings:
-                    results = select_dir / f"{method}-{tag(setting)}.json"
-                    if not results.exists():
-                        run_into(flower, {**conf, **setting}, federation, method, args.select_seed,
-                                 results, args.timeout, nodes)
-                    scores.append((validation_score(results), setting))
-                best = max(scores, key=lambda s: s[0])
-                selected[method] = {"setting": best[1], "validation": {tag(s): v for v, s in scores}}
-                print(f"selected for {method}: {best[1]} (validation {best[0]:.4f})", flush=True)
-            for variant in LIPS_VARIANTS:
-                selected[variant] = {"setting": selected["lips"]["setting"], "validation": "as lips"}
-            (out / "selected.json").write_text(json.dumps(selected, indent=2, sort_keys=True))
-            for seed in (int(s) for s in args.seeds.split(",")):
-                for method in METHODS:
-                    setting = selected.get(method, {}).get("setting", {})
-                    results = eval_dir / f"{method}-seed{seed}.json"
-                    if not results.exists():
-                        run_into(flower, {**conf, **setting}, federation, method, seed, results, args.timeout,
-                                 nodes)
-
-    text = table(eval_dir)
+        try:
+            runs = run_study(args, out)
+        except (SweepFailed, ValueError) as err:
+            raise SystemExit(str(err)) from None
+    text = table(runs if runs is not None else eval_dir)
     selected = json.loads((out / "selected.json").read_text())
     lines = ["```", text, "```", "", "Selected on validation (selection seed, never the test sets):", ""]
     lines += [f"- {m}: {v['setting']}" for m, v in sorted(selected.items())]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print(text)
-    print(f"plot: {plot_accuracy(eval_dir, out / 'accuracy.png')}")
+    print(f"plot: {plot_accuracy(eval_dir, out / 'accuracy.png', runs=runs)}")
     for method in ("fedbn", "lips"):
         run = eval_dir / f"{method}-seed0.json"
         if run.exists():

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,7 +93,7 @@ def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
                     "[federation]\nnum-supernodes = 2\n")
     out = tmp_path / "out"
     (out / "tiny").mkdir(parents=True)
-    (out / "tiny" / "fedbn-seed0.json").write_text("{}")  # an earlier grid's results: left alone
+    (out / "tiny" / "lips-seed0.json").write_text("{}")  # another grid's results: left alone
     proc = subprocess.run(
         [sys.executable, str(APP / "run_grid.py"), str(conf), "--algorithms", "fedbn", "--seeds", "0",
          "--out", str(out), "--timeout", str(RUN_TIMEOUT_S), "--set", f"dataset-path='{empty}'",
@@ -102,8 +106,9 @@ def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
     assert f"FileNotFoundError: no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in {empty}" \
         in proc.stderr, proc.stderr[-4000:]
     assert "client-mean test accuracy" not in proc.stdout
-    assert (out / "tiny" / "fedbn-seed0.json").read_text() == "{}"
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".flwr")) == ["tiny"]
+    assert (out / "tiny" / "lips-seed0.json").read_text() == "{}"
+    assert sorted(p.name for p in out.iterdir()) == ["tiny"]  # no staging, lock or Flower home left
+    assert sorted(p.name for p in (out / "tiny").iterdir()) == ["lips-seed0.json"]
 
 
 def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
@@ -111,16 +116,18 @@ def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
 
     (Each node's round-1 reply equals the ClientApp's own: tests/unit/test_batched_grid.py.)
     """
-    import sys
-
-    sys.path.insert(0, str(APP))
-    from batched import run_paper
+    from lips_flwr.experiments.apps import import_components, load_app, resolve_run_config
+    from lips_flwr.experiments.batched import run_batched
 
     values = {"algorithm": "lips", "dataset": "digits", "model": "digits-cnn", "num-server-rounds": 5,
               "every": 2, "tau0": 0.5, "samples-per-client": 60, "test-samples": 80, "alpha": 0.5,
               "local-epochs": 1, "batch-size": 30, "lr": 0.05, "device": "cpu"}
     ours, theirs = tmp_path / "batched.json", tmp_path / "flwr.json"
-    assert run_paper({**values, "results-path": str(ours)}, num_nodes=3) is None
+    app = load_app(APP)
+    server_app, client_app = import_components(app)
+    grid = run_batched(server_app, client_app, num_nodes=3,
+                       run_config=resolve_run_config(app, {**values, "results-path": str(ours)}))
+    assert grid.first_error is None
     run_config = " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
                           for k, v in {**values, "results-path": str(theirs)}.items())
     run_id = flwr.run(APP, run_config, "num-supernodes=3 client-resources-num-cpus=1")
@@ -133,63 +140,127 @@ def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
         assert abs(a[r]["train"]["acc-before"] - b[r]["train"]["acc-before"]) <= 0.005, r
 
 
-def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers(tmp_path):
-    """prereg.py's runs are resumable: killed after round 3 of 10, the next call continues it.
+STUDY_RUN = {"dataset": "digits", "model": "digits-cnn", "num-server-rounds": 10, "every": 2, "tau0": 0.5,
+             "samples-per-client": 60, "test-samples": 80, "alpha": 0.5, "local-epochs": 1, "batch-size": 30,
+             "lr": 0.05, "device": "cpu", "eval-last": 2, "eval-before-every": 2, "algorithm": "lips"}
+ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(APP.parents[1])}
 
-    The run's checkpoint and its clients' FedBN state live in a hidden folder
-    beside the partial results; the continued run keeps the recorded rounds
-    (the results file's bookkeeping is not strategy state that a resume
-    restores) and gives the numbers of a run never stopped.
-    """
-    import signal
-    import subprocess
-    import sys
-    import time
 
-    values = {"dataset": "digits", "model": "digits-cnn", "num-server-rounds": 10, "every": 2, "tau0": 0.5,
-              "samples-per-client": 60, "test-samples": 80, "alpha": 0.5, "local-epochs": 1,
-              "batch-size": 30, "lr": 0.05, "device": "cpu", "eval-last": 2, "eval-before-every": 2}
-    code = ("import sys; sys.path.insert(0, {app!r}); import prereg; "
-            "prereg.run_task({values!r}, 3, 'lips', 1000, {out!r}, 'sequential')")
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+def sweep_process(out: Path, values: dict = STUDY_RUN) -> subprocess.Popen:
+    """One resumable paper-app run through the runner (``run_sweep``), in a process of its own."""
+    code = ("import sys; from lips_flwr.experiments.runs import RunSpec; "
+            "from lips_flwr.experiments.sweep import run_sweep; "
+            f"run_sweep([RunSpec({str(APP)!r}, 'lips-seed1000', 1000, {values!r}, num_nodes=3, "
+            f"engine='sequential')], {str(out)!r})")
+    return subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
-    def run(out: Path) -> subprocess.Popen:
-        command = code.format(app=str(APP), values=values, out=str(out))
-        return subprocess.Popen([sys.executable, "-c", command], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
 
-    plain, stopped = tmp_path / "plain" / "lips-seed1000.json", tmp_path / "stopped" / "lips-seed1000.json"
-    for out in (plain, stopped):
-        out.parent.mkdir()
-    first = run(plain)
-    assert first.wait(timeout=RUN_TIMEOUT_S) == 0, first.stderr.read()[-4000:]
-
-    partial = stopped.with_name(".lips-seed1000.json.partial")
-    state = stopped.with_name(".lips-seed1000.state")
-    proc, deadline = run(stopped), time.monotonic() + RUN_TIMEOUT_S
-    while True:  # stop it for good once round 3 is recorded (a checkpoint of round 2 or 3 exists)
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before round 3"
+def kill_after_round(proc: subprocess.Popen, staged_results: Path, rnd: int) -> None:
+    """SIGKILL ``proc`` once the app's staged results file records round ``rnd`` (its run dies with it)."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, f"the run ended before round {rnd}"
         try:
-            if "3" in json.loads(partial.read_text())["rounds"]:
+            if str(rnd) in json.loads(staged_results.read_text())["rounds"]:
                 break
         except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not stopped.exists()  # not finished: nothing under the results' name
-    done = load_checkpoint(state / "checkpoint.npz").round
-    assert 2 <= done < 10 and any((state / "clients").iterdir())
 
-    again = run(stopped)
-    assert again.wait(timeout=RUN_TIMEOUT_S) == 0, again.stderr.read()[-4000:]
-    assert sorted(p.name for p in stopped.parent.iterdir()) == ["lips-seed1000.json"]  # state removed
 
-    def numbers(path: Path) -> dict:
-        timing = {"lips-seconds", "lips-checkpoint-seconds"}
-        return {r: {part: {k: v for k, v in m.items() if k not in timing} for part, m in e.items()
-                    if part != "seconds"} for r, e in json.loads(path.read_text())["rounds"].items()}
+def numbers(path: Path) -> tuple[dict, dict]:
+    """A result file's per-round numbers (the app's, timings left out) and the runner's observations."""
+    data = json.loads(path.read_text())
+    timing = {"lips-seconds", "lips-checkpoint-seconds"}
+    app = {r: {part: {k: v for k, v in m.items() if k not in timing} for part, m in e.items() if part != "seconds"}
+           for r, e in data["app"]["rounds"].items()}
+    return app, data["observed"]["rounds"]
 
-    a, b = numbers(plain), numbers(stopped)
-    assert sorted(a, key=int) == sorted(b, key=int) == [str(r) for r in range(1, 11)]
-    assert a == b
+
+def test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers(tmp_path):
+    """A runner's run is resumable: killed after round 3 of 10, the next sweep continues it.
+
+    The run's checkpoint, its clients' FedBN state, the app's results file and
+    the runner's observations wait in its staging folder; the continued run
+    keeps the recorded rounds and gives the numbers of a run never stopped.
+    Nothing is left beside the result file (issue 26, defect 2).
+    """
+    plain, stopped = tmp_path / "plain", tmp_path / "stopped"
+    first = sweep_process(plain)
+    assert first.wait(timeout=RUN_TIMEOUT_S) == 0, first.stderr.read()[-4000:]
+
+    staging = stopped / ".staging" / "lips-seed1000"
+    kill_after_round(sweep_process(stopped), staging / "app-results.json", 3)
+    assert not (stopped / "lips-seed1000.json").exists()  # not finished: no result file
+    done = load_checkpoint(staging / "checkpoint.npz").round
+    assert 2 <= done < 10 and any((staging / "clients").iterdir())
+
+    again = sweep_process(stopped)
+    out, err = again.communicate(timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 0, err[-4000:]
+    assert "continuing its stopped run" in out
+    assert sorted(str(p.relative_to(stopped)) for p in stopped.rglob("*")) == ["lips-seed1000.json"]
+    (app_a, observed_a), (app_b, observed_b) = numbers(plain / "lips-seed1000.json"), numbers(
+        stopped / "lips-seed1000.json")
+    assert sorted(app_a, key=int) == sorted(app_b, key=int) == [str(r) for r in range(1, 11)]
+    assert app_a == app_b
+    assert observed_a == observed_b and sorted(observed_b, key=int) == [str(r) for r in range(1, 11)]
+    provenance = json.loads((stopped / "lips-seed1000.json").read_text())["provenance"]
+    assert len(provenance["earlier_segments"]) == 1  # the stopped process's environment, kept
+
+
+# --------------------------------------------------------------------------- run_grid.py, issue 26
+
+
+def grid_process(out: Path, *args: str) -> subprocess.Popen:
+    conf = out.parent / "tiny.toml"
+    conf.write_text("dataset = 'digits'\nmodel = 'digits-cnn'\nnum-server-rounds = 10\nevery = 2\n"
+                    "samples-per-client = 60\ntest-samples = 80\nalpha = 0.5\nlocal-epochs = 1\n"
+                    "batch-size = 30\nlr = 0.05\ndevice = 'cpu'\neval-last = 2\neval-before-every = 2\n\n"
+                    "[federation]\nnum-supernodes = 3\n")
+    return subprocess.Popen([sys.executable, str(APP / "run_grid.py"), str(conf), "--seeds", "0",
+                             "--out", str(out), *args], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    return proc.returncode, out, err
+
+
+def test_a_resumed_grid_keeps_only_its_own_runs_rounds(tmp_path):
+    """Issue 26, defect 1: a killed tau0=0.5 grid, re-run, took its early rounds from the tau0=0.3 grid's file."""
+    out = tmp_path / "out"
+    code, _, err = finish(grid_process(out, "--algorithms", "lips", "--set", "tau0=0.3"))
+    assert code == 0, err[-4000:]
+    code, _, err = finish(grid_process(out, "--algorithms", "lips", "--set", "tau0=0.5"))
+    assert code != 0 and "run_config.tau0: file 0.3, now 0.5" in err  # refused before running
+    command = ("--algorithms", "lips", "--set", "tau0=0.5", "--recompute")
+    kill_after_round(grid_process(out, *command), out / ".staging" / "tiny" / "lips-seed0" / "app-results.json", 3)
+    code, stdout, err = finish(grid_process(out, *command))
+    assert code == 0, err[-4000:]
+    assert "continuing its stopped run" in stdout
+    data = json.loads((out / "tiny" / "lips-seed0.json").read_text())
+    assert data["identity"]["run_config"]["tau0"] == 0.5 and data["app"]["run_config"]["tau0"] == 0.5
+    rounds = data["app"]["rounds"]
+    assert sorted(rounds, key=int) == [str(r) for r in range(1, 11)]
+    assert rounds["1"]["train"]["lips-tau"] == 0.5  # the 0.5 run's round 1, not the 0.3 run's
+
+
+def test_a_killed_grid_resumes_and_leaves_no_clutter(tmp_path):
+    """Issue 26, defect 2: a killed resumable grid never finished, and killed grids left staging folders."""
+    out = tmp_path / "out"
+    both = grid_process(out, "--algorithms", "lips,fedbn", "--jobs", "2")
+    kill_after_round(both, out / ".staging" / "tiny" / "lips-seed0" / "app-results.json", 3)
+    assert (out / ".staging" / "tiny" / "fedbn-seed0").is_dir()  # the other run was going too
+    code, stdout, err = finish(grid_process(out, "--algorithms", "lips"))
+    assert code == 0, err[-4000:]
+    assert "continuing its stopped run" in stdout and "fedbn-seed0" in stdout  # resumed; fedbn's removed
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "tiny", "tiny/accuracy.png", "tiny/lips-seed0.json"]  # no staging, lock or temporary file
+    data = json.loads((out / "tiny" / "lips-seed0.json").read_text())
+    assert sorted(data["app"]["rounds"], key=int) == sorted(data["observed"]["rounds"], key=int) == [
+        str(r) for r in range(1, 11)]

@@ -24,9 +24,15 @@ from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_com
 PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
-from batched import run_config  # noqa: E402
 from lips_paper.client_app import app as paper_client  # noqa: E402
 from lips_paper.server_app import app as paper_server  # noqa: E402
+
+def run_config(values: dict) -> dict:
+    """The paper app's run config for ``values``, as ``flwr run`` resolves it."""
+    from lips_flwr.experiments.apps import load_app, resolve_run_config
+
+    return resolve_run_config(load_app(PAPER), values)
+
 
 TINY = {"algorithm": "lips", "dataset": "digits", "model": "digits-cnn", "num-server-rounds": 3, "every": 2,
         "tau0": 0.5, "samples-per-client": 40, "test-samples": 40, "alpha": 0.5, "local-epochs": 1,

@@ -74,9 +74,11 @@ def test_plot_states_the_setup_marks_mask_rounds_and_uses_a_t_interval(tmp_path)
 
 
 def test_run_config_string_quotes_strings():
-    grid = load("run_grid")
-    assert grid.run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
-    assert grid.parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"]) == {
+    from lips_flwr.experiments.apps import parse_overrides
+    from lips_flwr.experiments.flwr_runs import run_config_string
+
+    assert run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
+    assert parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"])[0] == {
         "num-server-rounds": 10, "dataset": "digits", "tau0": 0.7}
 
 
@@ -102,7 +104,7 @@ def test_a_recording_from_a_later_round_keeps_the_results_files_earlier_rounds(t
 
     results = tmp_path / "run.json"
     rounds = {str(r): {"train": {"acc-before": r / 10}} for r in range(1, 6)}
-    results.write_text(json.dumps({"run_config": {}, "rounds": rounds, "summary": {}}))
+    results.write_text(json.dumps({"run_config": {"x": 1}, "rounds": rounds, "summary": {}}))  # its own run's
 
     def recorder():
         return RecordingLIPS(FedAvg(), results_path=str(results), run_config={"x": 1}, eval_every=1,
@@ -115,6 +117,23 @@ def test_a_recording_from_a_later_round_keeps_the_results_files_earlier_rounds(t
     assert data["rounds"]["4"]["train"]["acc-before"] == 0.9
     recorder()._save(1, "train", {"acc-before": 0.1})  # a run from round 1 keeps nothing of an old file
     assert list(json.loads(results.read_text())["rounds"]) == ["1"]
+
+
+def test_a_resumed_recording_keeps_no_rounds_of_another_runs_file(tmp_path):
+    """Issue 26, defect 1: a results file of another run config (tau0 0.3) is not the resumed run's (0.5)."""
+    sys.path.insert(0, str(PAPER))
+    from flwr.serverapp.strategy import FedAvg
+    from lips_paper.server_app import RecordingLIPS
+
+    results = tmp_path / "lips-seed0.json"
+    rounds = {str(r): {"train": {"lips-tau": 0.3}} for r in range(1, 6)}
+    results.write_text(json.dumps({"run_config": {"tau0": 0.3}, "rounds": rounds, "summary": {}}))
+    recorder = RecordingLIPS(FedAvg(), results_path=str(results), run_config={"tau0": 0.5}, eval_every=1,
+                             num_rounds=10)
+    recorder._save(4, "train", {"lips-tau": 0.5})
+    data = json.loads(results.read_text())
+    assert data["run_config"] == {"tau0": 0.5}
+    assert list(data["rounds"]) == ["4"]  # rounds 1-3 of the tau0 = 0.3 run are not kept
 
 
 # --------------------------------------------------------------------------- the same seed, the same numbers

@@ -1,7 +1,8 @@
-"""prereg.py's runs: what a stopped, a failed and a changed run leave for the next call (run_one_batched faked).
+"""prereg.py's runs through the one runner: their specs, what a stopped or changed run finds, the regimes' env.
 
 The real stop-and-continue, with the paper app, is
-tests/integration/test_paper_app.py::test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers.
+tests/integration/test_paper_app.py::test_a_stopped_study_run_continues_from_its_last_round_with_the_same_numbers;
+the runner's own behaviour is in test_runner_sweep.py.
 """
 
 from __future__ import annotations
@@ -18,112 +19,85 @@ sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402
 
-CONF = {"num-server-rounds": 4, "lr": 0.05, "dataset-path": "/data/a"}
+from lips_flwr.experiments.runs import prepare  # noqa: E402
+from lips_flwr.experiments.store import write_result  # noqa: E402
+from lips_flwr.experiments.sweep import claim_staging, run_sweep  # noqa: E402
+from runner_apps import make_app  # noqa: E402
 
 
-def fake_run(calls: list, outcome: BaseException | None = None):
-    """A run_one_batched that records what it found and writes (or half-writes) its partial results."""
-
-    def run(conf, nodes, method, seed, partial, engine, name=None):
-        state = Path(conf["checkpoint-path"]).parent
-        calls.append({"conf": conf, "partial existed": partial.exists(), "state": sorted(
-            p.name for p in state.iterdir())})
-        partial.write_text(json.dumps({"rounds": {"1": {}}}))
-        (state / "checkpoint.npz").write_bytes(b"x")
-        if outcome is not None:
-            raise outcome
-
-    return run
-
-
-def task(tmp_path: Path, conf=CONF) -> tuple:
-    return (conf, 3, "lips", 1000, str(tmp_path / "lips-seed1000.json"), "sequential")
+def test_the_regimes_runs_go_stage_by_stage_and_seed_by_seed():
+    specs = prereg.run_specs("cpu", "sequential", (1000, 1001))
+    names = [s.name for s in specs]
+    assert names[:5] == ["prereg-fmnist-dir0.1/fedbn-seed1000", "prereg-fmnist-dir0.1/lips-seed1000",
+                         "prereg-fmnist-dir0.1/lips-random-seed1000", "prereg-fmnist-dir0.1/lips-inertia-seed1000",
+                         "prereg-fmnist-dir0.1/fedbn-seed1001"]
+    assert names[8] == "prereg-fmnist-dir1.0/fedbn-seed1000" and len(specs) == 2 * (4 + 2 + 5)
+    assert all(s.num_nodes == 20 and s.location_keys == ("dataset-path",) and s.env == {} for s in specs)
+    assert specs[0].overrides["algorithm"] == "fedbn" and specs[0].overrides["num-server-rounds"] == 100
+    trial = prereg.run_specs("gpu", "stacked", (1000,), ["num-server-rounds=6", "dataset-path='/d'"], 8)
+    assert [s.num_nodes for s in trial] == [8] * 4 and trial[0].overrides["num-server-rounds"] == 6
+    assert trial[0].engine == "stacked" and trial[0].overrides["dataset-path"] == "/d"
 
 
-def hidden(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in tmp_path.iterdir())
-
-
-def test_a_finished_run_leaves_only_its_results(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls))
-    prereg.run_task(*task(tmp_path))
-    assert hidden(tmp_path) == ["lips-seed1000.json"]
-    conf = calls[0]["conf"]
-    assert conf["resume"] == "auto" and Path(conf["checkpoint-path"]).parent.name == ".lips-seed1000.state"
-    assert Path(conf["lips-state-dir"]).parent == Path(conf["checkpoint-path"]).parent
-    prereg.run_task(*task(tmp_path))  # finished already: not run again
-    assert len(calls) == 1
-
-
-def test_a_stopped_run_keeps_its_state_and_the_next_call_continues_it(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls, KeyboardInterrupt()))
-    with pytest.raises(KeyboardInterrupt):
-        prereg.run_task(*task(tmp_path))
-    assert hidden(tmp_path) == [".lips-seed1000.json.partial", ".lips-seed1000.state"]
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls))
-    moved = dict(CONF, **{"dataset-path": "/elsewhere"})  # the data path may differ between machines
-    prereg.run_task(*task(tmp_path, moved))
-    assert calls[1]["partial existed"] and "checkpoint.npz" in calls[1]["state"]
-    assert hidden(tmp_path) == ["lips-seed1000.json"]
-
-
-@pytest.mark.parametrize("failure", [SystemExit("no client trained"), RuntimeError("server app bug")])
-def test_a_failed_run_leaves_nothing_so_that_the_next_call_starts_it_again(tmp_path, monkeypatch, failure):
-    """Before: its partial results and a checkpoint of the last round stayed, and every later call failed."""
-    calls: list = []
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls, failure))
-    with pytest.raises(type(failure)):
-        prereg.run_task(*task(tmp_path))
-    assert hidden(tmp_path) == []
-
-
-def test_a_stopped_run_with_other_settings_starts_again_from_round_one(tmp_path, monkeypatch, capsys):
-    calls: list = []
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls, KeyboardInterrupt()))
-    with pytest.raises(KeyboardInterrupt):
-        prereg.run_task(*task(tmp_path))
-    monkeypatch.setattr(prereg, "run_one_batched", fake_run(calls))
-    prereg.run_task(*task(tmp_path, dict(CONF, lr=0.1)))
-    assert not calls[1]["partial existed"] and calls[1]["state"] == ["settings.json"]
-    assert "other settings: starting again from round 1" in capsys.readouterr().out
-
-
-def test_a_state_folder_left_beside_finished_results_is_removed(tmp_path, monkeypatch):
-    """A run stopped between its results taking their name and its state folder going."""
-    monkeypatch.setitem(prereg.PLAN, "test", [("prereg-fmnist-dir0.1", ("lips",))])
-    folder = tmp_path / "prereg-fmnist-dir0.1"
-    (folder / ".lips-seed1000.state").mkdir(parents=True)
-    (folder / "lips-seed1000.json").write_text("{}")
-    prereg.run("test", tmp_path, 1, "sequential", (1000,))
-    assert hidden(folder) == ["lips-seed1000.json"]
-
-
-def test_the_gpu_regime_runs_its_runs_in_processes_with_one_blas_thread(tmp_path, monkeypatch):
+def test_the_gpu_regime_runs_its_runs_in_processes_with_one_blas_thread():
     """One run per core: numpy's OpenBLAS must not start a thread per core in each run's process."""
     assert prereg.RUN_ENV["gpu"]["OPENBLAS_NUM_THREADS"] == "1" and prereg.RUN_ENV["cpu"] == {}
-    monkeypatch.setitem(prereg.PLAN, "test", [("prereg-fmnist-dir0.1", ("lips",))])
-    monkeypatch.setitem(prereg.RUN_ENV, "test", {"LIPS_TEST_RUN_ENV": "1"})
-    monkeypatch.setenv("LIPS_TEST_RUN_ENV", "caller's")
-    seen = []
+    assert all(s.env == prereg.RUN_ENV["gpu"] for s in prereg.run_specs("gpu", "sequential", (1000,)))
 
-    class Pool:  # the worker processes see the environment run() set before starting them
-        def __init__(self, jobs, mp_context):
-            seen.append((jobs, os.environ.get("LIPS_TEST_RUN_ENV")))
 
-        def __enter__(self):
-            return self
+def test_the_data_path_is_where_the_data_is_not_part_of_a_runs_identity(tmp_path):
+    """A stopped GPU-regime run continues on a machine that keeps the data elsewhere."""
+    here, there = (prepare(prereg.run_specs("gpu", "sequential", (1000,), [f"dataset-path='{p}'"])[0], tmp_path)
+                   for p in ("/data/a", "/elsewhere"))
+    assert here.identity == there.identity and "dataset-path" not in here.identity["run_config"]
+    assert here.locations == {"dataset-path": "/data/a"}
 
-        def __exit__(self, *exc):
-            return False
 
-        def submit(self, fn, *args):
-            future = prereg.concurrent.futures.Future()
-            future.set_result(args[4])
-            return future
+def test_a_stopped_run_continues_only_with_its_own_identity(tmp_path):
+    app = make_app(tmp_path / "app", resumable=True)
+    out = tmp_path / "out"
+    lines: list[str] = []
+    first = prepare(prereg.RunSpec(app, "lips-seed1000", 1000, {"tau0": 0.5}, num_nodes=2), out)
+    assert claim_staging(first, lines.append) is False  # nothing to continue: round 1
+    (first.staging / "checkpoint.npz").write_bytes(b"x")  # what a stopped run leaves
+    assert claim_staging(first, lines.append) is True and "continuing its stopped run" in lines[-1]
+    assert (first.staging / "checkpoint.npz").exists()
+    other = prepare(prereg.RunSpec(app, "lips-seed1000", 1000, {"tau0": 0.3}, num_nodes=2), out)
+    assert claim_staging(other, lines.append) is False
+    assert "another identity" in lines[-1] and "starting at round 1" in lines[-1]
+    assert sorted(p.name for p in other.staging.iterdir()) == ["identity.json"]
+    assert json.loads((other.staging / "identity.json").read_text())["run_config"]["tau0"] == 0.3
+    plain = prepare(prereg.RunSpec(make_app(tmp_path / "plain"), "x", 1, num_nodes=2), out)
+    plain.staging.mkdir(parents=True)
+    (plain.staging / "identity.json").write_text(json.dumps(plain.identity))
+    assert claim_staging(plain, lines.append) is False and "the app cannot resume" in lines[-1]
 
-    monkeypatch.setattr(prereg.concurrent.futures, "ProcessPoolExecutor", Pool)
-    prereg.run("test", tmp_path, 1, "sequential", (1000,))  # one job, still in a fresh process
-    assert seen == [(1, "1")]
-    assert os.environ["LIPS_TEST_RUN_ENV"] == "caller's"  # restored once the workers are done
+
+def test_a_staging_folder_left_beside_a_finished_result_is_removed(tmp_path):
+    """A run stopped between writing its result and removing its staging folder."""
+    app = make_app(tmp_path / "app", resumable=True)
+    out = tmp_path / "out"
+    spec = prereg.RunSpec(app, "conf/lips-seed1000", 1000, num_nodes=2, engine="sequential")
+    job = prepare(spec, out)
+    write_result(job.result, job.identity, {}, {}, None)
+    (job.staging / "clients").mkdir(parents=True)
+    lines: list[str] = []
+    run_sweep([spec], out, progress=lines.append)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["conf", "conf/lips-seed1000.json"]
+    assert any("does not run" in line for line in lines) and any("reused" in line for line in lines)
+
+
+@pytest.mark.parametrize("regime", ["cpu", "gpu"])
+def test_run_refuses_a_folder_holding_another_trial(tmp_path, regime):
+    """Issue 26, defect 3: `prereg.py run` into a small trial's folder reported `0 runs to do`."""
+    trial = prereg.run_specs(regime, "sequential", (1000,), ["dataset='digits'", "num-server-rounds=2"], 2)
+    for spec in trial:
+        job = prepare(spec, tmp_path)
+        write_result(job.result, job.identity, {}, {}, None)
+    with pytest.raises(ValueError) as err:
+        prereg.run(regime, tmp_path, 1, "sequential", (1000,))
+    text = str(err.value)
+    assert 'run_config.dataset: file "digits", now "fashion-mnist"' in text
+    assert "run_config.num-server-rounds: file 2, now" in text and "num_nodes: file 2, now" in text
+    assert text.count("was computed with other settings") == len(trial)
+    assert not (tmp_path / ".staging").exists() and os.listdir(tmp_path)

@@ -1,17 +1,20 @@
-"""run_grid.py on a fake Flower: a run whose clients all failed fails the grid; a grid is all or nothing.
+"""run_grid.py and study.py on a fake Flower: failed runs fail the grid, results are bound to their settings.
 
 No `flwr run` here: the fake writes the results file the paper's ServerApp
-would write (``RecordingLIPS``) and serves the log text of ``flwr log``.
+would write (``RecordingLIPS``) and serves the log text of ``flwr log``; the
+runner (``lips_flwr.experiments.sweep``) around it is the real one.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
+import lips_flwr.experiments.flwr_runs as flwr_runs
+from lips_flwr.experiments.store import read_result
 from test_paper_tools import load
 
 # What `flwr log` shows when every ClientApp fails to load its data (a real run, shortened).
@@ -72,14 +75,15 @@ CLEAN_LOG = "\x1b[92mINFO \x1b[0m:      [ROUND 1/2]\n\x1b[92mINFO \x1b[0m:      
 
 
 def results_file(path: Path, algorithm: str, seed: int, rounds: int, *, trained: bool = True,
-                 tag: str = "", evaluated: bool = True) -> None:
+                 tag: str = "", evaluated: bool = True, run_config: dict | None = None) -> None:
     """What RecordingLIPS writes: every round's train metrics ({} when no client trained)."""
-    data = {"run_config": {"algorithm": algorithm, "seed": seed, "tag": tag}, "rounds": {}, "summary": {}}
+    config = {"algorithm": algorithm, "seed": seed, "tag": tag} if run_config is None else run_config
+    data = {"run_config": config, "rounds": {}, "summary": {}}
     for r in range(1, rounds + 1):
         entry = {"train": {"acc-before": 0.5 + r / 100, "num-examples": 40} if trained else {},
                  "seconds": 1.0}
         if evaluated and trained:
-            entry["evaluate"] = {"acc-after": 0.4 + r / 100, "num-examples": 80}
+            entry["evaluate"] = {"acc-after": 0.4 + r / 100, "val-acc-after": 0.3 + r / 100, "num-examples": 80}
         data["rounds"][str(r)] = entry
     if trained:
         data["summary"] = {"acc-after-last": 0.4 + rounds / 100, "acc-after-best": 0.4 + rounds / 100,
@@ -89,7 +93,11 @@ def results_file(path: Path, algorithm: str, seed: int, rounds: int, *, trained:
 
 
 class FakeFlower:
-    """A LocalFlower whose runs write what ``plan[(algorithm, seed)]`` says."""
+    """A LocalFlower whose runs write what ``plan[(algorithm, seed)]`` says.
+
+    ``flwr run`` gets the run config as a TOML file (the runner writes one);
+    the fake writes the app's results file where its ``results-path`` says.
+    """
 
     def __init__(self, plan: dict | None = None, rounds: int = 2, tag: str = "") -> None:
         self.plan, self.rounds, self.tag = plan or {}, rounds, tag
@@ -102,14 +110,15 @@ class FakeFlower:
         return None
 
     def run(self, app, run_config: str, federation: str) -> str:
-        values = dict(re.findall(r"(\S+?)=('[^']*'|\S+)", run_config))
-        algorithm, seed = values["algorithm"].strip("'"), int(values["seed"])
-        path = Path(values["results-path"].strip("'"))
+        values = tomllib.loads(Path(run_config).read_text())
+        algorithm, seed = values["algorithm"], int(values["seed"])
+        path = Path(values["results-path"])
         what = self.plan.get((algorithm, seed), "ok")
         if what == "interrupted":
             raise KeyboardInterrupt
         if what != "no-file":
-            results_file(path, algorithm, seed, self.rounds, trained=what == "ok", tag=self.tag)
+            results_file(path, algorithm, seed, self.rounds, trained=what == "ok", tag=self.tag,
+                         run_config={**values, "tag": self.tag})
         run_id = str(1000 + len(self.runs))
         self.runs[run_id] = (algorithm, seed, what)
         return run_id
@@ -119,30 +128,37 @@ class FakeFlower:
 
     def logs(self, run_id) -> str:
         what = self.runs[run_id][2]
-        return {"clients-failed": EMPTY_FOLDER_LOG, "offline": OFFLINE_LOG}.get(what, CLEAN_LOG)
+        return {"clients-failed": EMPTY_FOLDER_LOG, "offline": OFFLINE_LOG, "server-failed": EMPTY_FOLDER_LOG
+                }.get(what, CLEAN_LOG)
 
 
 @pytest.fixture
 def grid(monkeypatch):
     module = load("run_grid")
     monkeypatch.setattr(module.signal, "signal", lambda *args: None)  # leave pytest's SIGTERM alone
-    monkeypatch.setattr(module, "plot_accuracy", lambda folder, out=None: Path(folder) / "accuracy.png")
+    monkeypatch.setattr(module, "plot_accuracy", lambda folder, out=None, runs=None: Path(folder) / "accuracy.png")
     return module
 
 
-def conf(tmp_path: Path, rounds: int = 2) -> Path:
-    path = tmp_path / "tiny.toml"
+def conf(tmp_path: Path, rounds: int = 2, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"dataset = 'fashion-mnist'\nnum-server-rounds = {rounds}\n\n"
                     "[federation]\nnum-supernodes = 2\n")
     return path
 
 
-def run_main(grid, monkeypatch, tmp_path, flower, algorithms="fedbn,lips", seeds="0"):
-    monkeypatch.setattr(grid, "local_flower", lambda *args, **kwargs: flower)
-    monkeypatch.setattr(grid.sys, "argv", ["run_grid.py", str(conf(tmp_path)), "--algorithms", algorithms,
+def run_main(grid, monkeypatch, tmp_path, flower, algorithms="fedbn,lips", seeds="0", extra=(), confs=None):
+    monkeypatch.setattr(flwr_runs, "local_flower", lambda *args, **kwargs: flower)
+    confs = [str(c) for c in confs] if confs else [str(conf(tmp_path))]
+    monkeypatch.setattr(grid.sys, "argv", ["run_grid.py", *confs, "--algorithms", algorithms,
                                            "--seeds", seeds, "--out", str(tmp_path / "out"),
-                                           "--engine", "flwr"])
+                                           "--engine", "flwr", *extra])
     grid.main()
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
 # --------------------------------------------------------------------------- a failed run fails
@@ -155,11 +171,9 @@ def run_main(grid, monkeypatch, tmp_path, flower, algorithms="fedbn,lips", seeds
                 "s3-website.eu-central-1.amazonaws.com/, got:\n<urlopen error [Errno -2] Name or service "
                 "not known>"),
 ])
-def test_a_run_whose_clients_all_failed_fails_with_their_first_error(grid, tmp_path, what, error):
-    flower = FakeFlower({("fedbn", 0): what})
-    results = tmp_path / "fedbn-seed0.json"
+def test_a_run_whose_clients_all_failed_fails_with_their_first_error(grid, tmp_path, monkeypatch, what, error):
     with pytest.raises(SystemExit) as exc:
-        grid.run_one(flower, {"num-server-rounds": 2}, "num-supernodes=2", "fedbn", 0, results, 60)
+        run_main(grid, monkeypatch, tmp_path, FakeFlower({("fedbn", 0): what}), algorithms="fedbn")
     message = str(exc.value.code)
     assert exc.value.code not in (0, None)
     assert "no client trained" in message
@@ -174,7 +188,7 @@ def test_main_exits_non_zero_prints_the_error_and_no_table(grid, tmp_path, monke
     assert "FileNotFoundError: no Fashion-MNIST IDX files" in str(exc.value.code)
     out = capsys.readouterr().out
     assert "done" not in out and "client-mean test accuracy" not in out and "plot:" not in out
-    assert not list((tmp_path / "out").glob("tiny/*.json"))  # nothing of the failed grid kept
+    assert listing(tmp_path / "out") == []  # nothing of the failed grid kept: no result, staging or lock
 
 
 def test_first_error_finds_the_clients_exception():
@@ -189,70 +203,120 @@ def test_first_error_finds_the_clients_exception():
     assert first_error(CLEAN_LOG) is None
 
 
-def test_results_check(grid, tmp_path):
+def test_results_check(tmp_path):
+    results_problem = flwr_runs.results_problem
     path = tmp_path / "r.json"
-    assert "no results file" in grid.results_problem(path, 2)
+    assert "no results file" in results_problem(path, 2)
     results_file(path, "fedbn", 0, 2)
-    assert grid.results_problem(path, 2) is None
-    assert "rounds 3" in grid.results_problem(path, 3)  # a round missing
+    assert results_problem(path, 2) is None
+    assert "rounds 3" in results_problem(path, 3)  # a round missing
     results_file(path, "fedbn", 0, 2, trained=False)
-    assert "no client trained" in grid.results_problem(path, 2)
+    assert "no client trained" in results_problem(path, 2)
     results_file(path, "fedbn", 0, 2, evaluated=False)
-    assert "no client evaluated round 2" in grid.results_problem(path, 2)
+    assert "no client evaluated round 2" in results_problem(path, 2)
     path.write_text("{not json")
-    assert "not a readable results file" in grid.results_problem(path, 2)
+    assert "not a readable results file" in results_problem(path, 2)
 
 
-def test_a_server_failure_still_shows_the_first_error(grid, tmp_path):
-    flower = FakeFlower({("fedbn", 0): "server-failed"})
-    flower.logs = lambda run_id: EMPTY_FOLDER_LOG
+def test_a_server_failure_still_shows_the_first_error(grid, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
-        grid.run_one(flower, {"num-server-rounds": 2}, "", "fedbn", 0, tmp_path / "r.json", 60)
+        run_main(grid, monkeypatch, tmp_path, FakeFlower({("fedbn", 0): "server-failed"}), algorithms="fedbn")
     assert "ended as finished:failed" in str(exc.value.code)
     assert "FileNotFoundError: no Fashion-MNIST" in str(exc.value.code)
 
 
-# --------------------------------------------------------------------------- all or nothing
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+# --------------------------------------------------------------------------- results bound to their settings
 
 
 @pytest.mark.parametrize("second", ["clients-failed", "interrupted", "no-file"])
-def test_an_interrupted_rerun_leaves_the_previous_results_untouched(grid, tmp_path, monkeypatch, second):
+def test_an_interrupted_rerun_leaves_every_result_file_whole_and_true_to_its_settings(grid, tmp_path, monkeypatch,
+                                                                                      second):
+    """A grid re-run with other settings (``--recompute``) that fails or is stopped half-way.
+
+    Each finished run replaced its file; the one that failed or was stopped
+    left the previous file byte for byte, which the next plain call refuses
+    (its settings are not this grid's) rather than mixing it in.
+    """
     run_main(grid, monkeypatch, tmp_path, FakeFlower(tag="first"))
     folder = tmp_path / "out" / "tiny"
-    before = snapshot(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert sorted(before) == ["fedbn-seed0.json", "lips-seed0.json"]
 
-    # The second `make main`: fedbn finishes (a new file), then lips fails or is stopped.
     with pytest.raises((SystemExit, KeyboardInterrupt)):
-        run_main(grid, monkeypatch, tmp_path, FakeFlower({("lips", 0): second}, tag="second"))
-    assert snapshot(folder) == before  # both files from the first run, whole
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tiny"]  # no staging left over
+        run_main(grid, monkeypatch, tmp_path, FakeFlower({("lips", 0): second}, tag="second"),
+                 extra=("--set", "lr=0.2", "--recompute"))
+    assert (folder / "lips-seed0.json").read_bytes() == before["lips-seed0.json"]  # whole, the first grid's
+    fedbn = read_result(folder / "fedbn-seed0.json")
+    assert fedbn.identity["run_config"]["lr"] == 0.2 and fedbn.app["run_config"]["tag"] == "second"
+    staged = listing(tmp_path / "out" / ".staging") if (tmp_path / "out" / ".staging").exists() else []
+    if second == "interrupted":  # a stop leaves the run's staging for the next call to continue
+        assert staged[:2] == ["tiny", "tiny/lips-seed0"]
+    else:  # a failure leaves nothing
+        assert staged == []
+    assert not (tmp_path / "out" / ".sweep.lock").exists()
+    with pytest.raises(SystemExit) as exc:
+        run_main(grid, monkeypatch, tmp_path, FakeFlower(tag="third"), extra=("--set", "lr=0.2"))
+    assert "lips-seed0.json' was computed with other settings: run_config.lr: file 0.1, now 0.2" in str(
+        exc.value.code)
 
 
-def test_a_finished_grid_replaces_the_folders_results(grid, tmp_path, monkeypatch, capsys):
+def test_the_table_shows_this_grids_runs_and_leaves_other_results(grid, tmp_path, monkeypatch, capsys):
     run_main(grid, monkeypatch, tmp_path, FakeFlower(tag="first"), seeds="0,1")
     folder = tmp_path / "out" / "tiny"
     (folder / "notes.txt").write_text("mine")  # not a results file: kept
+    capsys.readouterr()
     run_main(grid, monkeypatch, tmp_path, FakeFlower(tag="second"), algorithms="fedbn", seeds="0")
-    assert sorted(p.name for p in folder.iterdir()) == ["fedbn-seed0.json", "notes.txt"]
-    assert json.loads((folder / "fedbn-seed0.json").read_text())["run_config"]["tag"] == "second"
+    assert sorted(p.name for p in folder.iterdir()) == ["fedbn-seed0.json", "fedbn-seed1.json", "lips-seed0.json",
+                                                        "lips-seed1.json", "notes.txt"]
+    assert read_result(folder / "fedbn-seed0.json").app["run_config"]["tag"] == "first"  # reused, same settings
     out = capsys.readouterr().out
-    assert "client-mean test accuracy" in out and "fedbn" in out
+    assert "reused" in out and "client-mean test accuracy" in out
+    rows = out.split("client-mean test accuracy")[1].splitlines()[2:]
+    assert [r.split()[:2] for r in rows if r.strip() and not r.startswith("plot")] == [["fedbn", "1"]]
 
 
-def test_the_study_keeps_no_results_of_a_failed_run(grid, tmp_path, monkeypatch):
-    """study.py skips runs whose results exist: a failed run must leave none behind."""
+def test_two_conf_files_with_one_name_are_an_error_before_anything_runs(grid, tmp_path, monkeypatch):
+    confs = [conf(tmp_path / "a"), conf(tmp_path / "b", rounds=3)]
+    with pytest.raises(SystemExit) as exc:
+        run_main(grid, monkeypatch, tmp_path, FakeFlower(), confs=confs)
+    assert "two runs of one sweep would write one result file: 'tiny/fedbn-seed0'" in str(exc.value.code)
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- study.py
+
+
+def study_main(monkeypatch, tmp_path, flower, conf_path: Path, *extra: str):
     study = load("study")
-    monkeypatch.setattr(study, "run_one", grid.run_one)
-    results = tmp_path / "select" / "fedbn-seed0.json"
+    monkeypatch.setattr(study.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(study, "plot_accuracy", lambda folder, out=None, runs=None: out)
+    monkeypatch.setattr(study, "plot_heatmap", lambda run, out=None: out)
+    monkeypatch.setattr(flwr_runs, "local_flower", lambda *args, **kwargs: flower)
+    monkeypatch.setattr(study.sys, "argv", ["study.py", "--conf", str(conf_path), "--out", str(tmp_path / "out"),
+                                            "--seeds", "0", "--engine", "flwr", *extra])
+    study.main()
+
+
+def test_the_study_keeps_no_results_of_a_failed_run(tmp_path, monkeypatch):
+    """A failed run leaves no result file (nor staging) for the next invocation to take as done."""
     with pytest.raises(SystemExit):
-        study.run_into(FakeFlower({("fedbn", 0): "clients-failed"}), {"num-server-rounds": 2}, "",
-                       "fedbn", 0, results, 60)
-    assert not list((tmp_path / "select").iterdir())
-    study.run_into(FakeFlower(), {"num-server-rounds": 2}, "", "fedbn", 0, results, 60)
-    assert [p.name for p in (tmp_path / "select").iterdir()] == ["fedbn-seed0.json"]
-    assert grid.results_problem(results, 2) is None
+        study_main(monkeypatch, tmp_path, FakeFlower({("lips", 100): "clients-failed"}), conf(tmp_path))
+    select = tmp_path / "out" / "select"
+    assert listing(select) == []
+    study_main(monkeypatch, tmp_path, FakeFlower(), conf(tmp_path))
+    assert len(list(select.glob("*.json"))) == 10 and listing(select) == sorted(p.name for p in select.iterdir())
+
+
+def test_a_study_with_another_conf_on_one_out_is_refused_and_recompute_replaces_it(tmp_path, monkeypatch):
+    """Issue 26, defect 3: conf B on conf A's --out kept A's files and rewrote table.md from them (exit 0)."""
+    study_main(monkeypatch, tmp_path, FakeFlower(tag="A"), conf(tmp_path / "a", name="study"))
+    other = conf(tmp_path / "b", name="study")
+    other.write_text(other.read_text().replace("num-server-rounds = 2", "num-server-rounds = 2\nlr = 0.2"))
+    with pytest.raises(SystemExit) as exc:
+        study_main(monkeypatch, tmp_path, FakeFlower(tag="B"), other)
+    assert "run_config.lr: file 0.1, now 0.2" in str(exc.value.code)
+    eval_file = tmp_path / "out" / "eval" / "fedbn-seed0.json"
+    assert read_result(eval_file).app["run_config"]["tag"] == "A"
+    study_main(monkeypatch, tmp_path, FakeFlower(tag="B"), other, "--recompute")
+    assert read_result(eval_file).app["run_config"]["tag"] == "B"
+    assert read_result(eval_file).identity["run_config"]["lr"] == 0.2

@@ -1,4 +1,4 @@
-"""The pre-registered study's statistics and endpoint, on known numbers (examples/paper/stats.py, prereg.py)."""
+"""The pre-registered study's statistics and endpoint, on known numbers (lips_flwr.experiments.stats, prereg.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402
-from stats import holm, paired, sign_test  # noqa: E402
+
+from lips_flwr.experiments.stats import holm, paired, sign_test  # noqa: E402
 
 
 def test_paired_t_test_ci_and_sign_test_match_their_definitions():
@@ -148,3 +149,21 @@ def test_the_method_table_gives_mean_and_sd_and_one_seed_as_it_is():
     assert prereg._mean_sd([0.9, 0.92]) == f"0.9100 +- {np.std([0.9, 0.92], ddof=1):.4f}"
     assert prereg._mean_sd([0.93]) == "0.9300 (one seed)"
     assert prereg._mean_sd([]) == "-"
+
+
+def test_the_committed_studys_report_is_reproduced_from_its_files(tmp_path):
+    """`prereg.py report` on docs/results/prereg: the committed report and summary, number for number.
+
+    Those result files predate provenance (issue 26): they are read as they
+    are, and the report says so.
+    """
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    committed = PAPER.parents[1] / "docs" / "results" / "prereg"
+    shutil.copytree(committed, tmp_path / "prereg", ignore=shutil.ignore_patterns("*.png"))
+    prereg.report(tmp_path / "prereg")
+    text = (tmp_path / "prereg" / "report.md").read_text()
+    assert text == (committed / "report.md").read_text()
+    assert "66 of the 66 result files predate provenance" in text
+    assert (tmp_path / "prereg" / "summary.json").read_text() == (committed / "summary.json").read_text()

@@ -14,10 +14,12 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from logging import WARNING
 from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -129,7 +131,9 @@ class ResultsFile:
     """The run's JSON results file, rewritten (atomically) after every round.
 
     A resumed run (``resume`` with a checkpoint) keeps the rounds of the file
-    that come before its first round. This bookkeeping belongs to the
+    that come before its first round, when the file is its own run's (the
+    same run config; a file of another run is left to be overwritten, never
+    mixed in: logged). This bookkeeping belongs to the
     process, not to the run: it lives here, not in the strategy, whose plain
     attributes a LIPS checkpoint saves and a resume restores (a restored
     "first round" would make a resumed run drop the rounds before it).
@@ -144,8 +148,14 @@ class ResultsFile:
     def _keep_earlier_rounds(self, first_round: int) -> None:
         path = Path(self.path)
         if first_round > 1 and self.path and path.exists():
-            earlier = json.loads(path.read_text()).get("rounds", {})
-            self.record["rounds"] = {r: v for r, v in earlier.items() if int(r) < first_round}
+            earlier = json.loads(path.read_text())
+            own = json.loads(json.dumps(self.record["run_config"], default=str))
+            if earlier.get("run_config") != own:
+                log(WARNING, "results file %s holds another run (its run config differs): its rounds are "
+                    "not this run's, so rounds 1-%d are missing from the results", self.path, first_round - 1)
+                return
+            rounds = earlier.get("rounds", {})
+            self.record["rounds"] = {r: v for r, v in rounds.items() if int(r) < first_round}
 
     def save(self, server_round: int, part: str, metrics) -> None:
         """Record ``metrics`` as round ``server_round``'s ``part`` (train, evaluate); write the file."""

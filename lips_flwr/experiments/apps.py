@@ -1,0 +1,166 @@
+"""A Flower App folder as ``flwr run`` takes it: its components, its run config, its digest.
+
+An App folder holds a ``pyproject.toml`` with ``[tool.flwr.app.components]``
+(``serverapp`` and ``clientapp``, each ``"module:attribute"``, imported with
+the folder first on ``sys.path``) and ``[tool.flwr.app.config]``, the run
+config's defaults (nested tables flattened with dots, by Flower's own
+:func:`flwr.common.config.flatten_dict`).
+
+The run config of a run is those defaults with the overrides fused in by
+Flower's own :func:`flwr.common.config.fuse_dicts`: a key the app does not
+declare is an error, and a value keeps the type it was given (``flwr run
+--run-config lr=1`` gives the app the int ``1`` even where the default is
+``0.5``: measured under flwr 1.42, whose SuperLink fuses without converting).
+
+Overrides come as ``flwr run --run-config`` takes them: ``KEY=VALUE``
+strings whose values are TOML (``dataset='digits' lr=0.1``), or the path of
+a TOML file. A file's ``[federation]`` table (our examples' conf files have
+one) is not run config: its ``num-supernodes`` is the run's default node count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
+
+CACHE_PARTS = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+
+
+@dataclass(frozen=True)
+class FlowerApp:
+    """A Flower App folder: where it is, what it is called, its components and run-config defaults."""
+
+    folder: Path
+    name: str
+    serverapp: str
+    clientapp: str
+    defaults: dict[str, Any]
+
+
+def load_app(folder: str | Path) -> FlowerApp:
+    """Read the App folder ``folder`` (``ValueError`` naming what is missing)."""
+    folder = Path(folder).resolve()
+    toml = folder / "pyproject.toml"
+    if not toml.is_file():
+        raise ValueError(f"{str(folder)!r} is not a Flower App: it has no pyproject.toml")
+    config = tomllib.loads(toml.read_text())
+    app = config.get("tool", {}).get("flwr", {}).get("app", {})
+    components = app.get("components", {})
+    missing = [key for key in ("serverapp", "clientapp") if not isinstance(components.get(key), str)]
+    if missing:
+        raise ValueError(f"{str(toml)!r} has no [tool.flwr.app.components] {' and '.join(missing)}")
+    name = str(config.get("project", {}).get("name") or folder.name)
+    return FlowerApp(folder, name, components["serverapp"], components["clientapp"],
+                     flatten_dict(app.get("config", {})))
+
+
+def parse_overrides(items: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(run-config overrides, federation)`` from ``KEY=VALUE`` strings and TOML file paths, in order.
+
+    A string may hold several pairs (``"a=1 b='x'"``), as ``flwr run
+    --run-config`` takes them; later items win. A TOML file's
+    ``[federation]`` table is returned apart (not run config).
+    """
+    overrides: dict[str, Any] = {}
+    federation: dict[str, Any] = {}
+    for item in items:
+        if item.endswith(".toml"):
+            path = Path(item).expanduser()
+            try:
+                values = tomllib.loads(path.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as err:
+                raise ValueError(f"cannot read the run-config file {item!r}: {err}") from err
+            federation.update(values.pop("federation", {}) or {})
+            overrides.update(flatten_dict(values))
+            continue
+        if "=" not in item:
+            raise ValueError(f"run-config override {item!r} is not KEY=VALUE (nor a .toml file)")
+        try:
+            overrides.update(parse_config_args([item]))
+        except Exception as err:  # click.ClickException for a value that is not TOML
+            raise ValueError(f"run-config override {item!r}: the value is not TOML (strings need quotes, "
+                             f"e.g. dataset='digits'): {getattr(err, 'message', err)}") from err
+    return overrides, federation
+
+
+def resolve_run_config(app: FlowerApp, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The app's defaults with ``overrides`` fused in (Flower's rules); ``ValueError`` for an unknown key."""
+    unknown = sorted(set(overrides) - set(app.defaults))
+    if unknown:
+        raise ValueError(f"{app.name}: unknown run-config keys {unknown}; the app declares "
+                         f"{sorted(app.defaults)}")
+    return dict(fuse_dicts(dict(app.defaults), dict(overrides)))
+
+
+def num_supernodes(federation: dict[str, Any], default: int = 10) -> int:
+    """The node count of a conf file's ``[federation]`` table (``num-supernodes``), else ``default``."""
+    value = federation.get("num-supernodes", default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"[federation] num-supernodes must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _source_files(app: FlowerApp) -> list[Path]:
+    """``pyproject.toml`` and the files of the packages (or top-level modules) the components import.
+
+    The folder may hold more than the app (the paper app's folder has its
+    sweep scripts, conf files and README): those do not decide a run's
+    numbers and are left out. A component in a top-level module brings every
+    top-level ``.py`` file (it may import its siblings).
+    """
+    folder = app.folder
+    files = [folder / "pyproject.toml"]
+    for top in sorted({ref.split(":")[0].split(".")[0] for ref in (app.serverapp, app.clientapp)}):
+        package = folder / top
+        if package.is_dir():
+            files += sorted(p for p in package.rglob("*") if p.is_file()
+                            and not any(part in CACHE_PARTS for part in p.relative_to(folder).parts)
+                            and p.suffix not in (".pyc", ".pyo"))
+        else:
+            files += sorted(folder.glob("*.py"))
+    return sorted(set(files))
+
+
+def app_digest(app: FlowerApp) -> str:
+    """SHA-256 of the app's ``pyproject.toml`` and source files (names and contents; caches excluded)."""
+    digest = hashlib.sha256()
+    for path in _source_files(app):
+        digest.update(str(path.relative_to(app.folder)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _import_ref(ref: str, folder: Path) -> Any:
+    module_name, _, attr = ref.partition(":")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{ref!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def import_components(app: FlowerApp) -> tuple[Any, Any]:
+    """``(ServerApp, ClientApp)`` of ``app``, imported with its folder first on ``sys.path``."""
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    server_app, client_app = _import_ref(app.serverapp, app.folder), _import_ref(app.clientapp, app.folder)
+    if not isinstance(server_app, ServerApp):
+        raise ValueError(f"{app.serverapp!r} is a {type(server_app).__name__}, not a flwr ServerApp")
+    if not isinstance(client_app, ClientApp):
+        raise ValueError(f"{app.clientapp!r} is a {type(client_app).__name__}, not a flwr ClientApp")
+    return server_app, client_app
+
+
+__all__ = ["FlowerApp", "app_digest", "import_components", "load_app", "num_supernodes", "parse_overrides",
+           "resolve_run_config"]

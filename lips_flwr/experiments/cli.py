@@ -1,0 +1,98 @@
+"""The ``lips-flwr`` command (``[project.scripts]``): ``lips-flwr compare APP_DIR --seeds ... --out DIR``.
+
+Exit status: 0 when every run finished and the report is written; 1 when a
+run failed (its error and first client error on stderr) or the sweep was
+refused before running (e.g. a result file of other settings: ``--recompute``);
+2 for a usage error or missing extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be integers and commas, got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"seeds must be integers >= 0, got {text!r}")
+    return seeds
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="lips-flwr", description="lips-flwr's experiment tools")
+    commands = top.add_subparsers(dest="command", required=True)
+    compare = commands.add_parser(
+        "compare", help="does LIPS (or a change of run config) help on this Flower App?",
+        description="Run a Flower App's two arms over paired seeds on the batched Grid and report the paired "
+                    "difference of an evaluate metric (default arms: A = LIPS off, B = the app as written).")
+    compare.add_argument("app", type=Path, metavar="APP_DIR", help="a Flower App folder, for `flwr run`")
+    compare.add_argument("--seeds", type=_seeds, required=True, help="comma-separated, e.g. 1000,1001,1002")
+    compare.add_argument("--a", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                         help="arm A's run-config overrides (then nothing is forced off)")
+    compare.add_argument("--b", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                         help="arm B's run-config overrides")
+    compare.add_argument("--run-config", nargs="+", action="extend", default=[], metavar="KEY=VALUE|FILE",
+                         help="overrides for both arms; a .toml file's [federation] num-supernodes is the "
+                              "default node count")
+    compare.add_argument("--num-supernodes", type=int, default=None,
+                         help="nodes (default: the --run-config file's [federation] value, else 10)")
+    compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
+    compare.add_argument("--last", type=int, default=None, help="evaluated rounds in the endpoint (default: "
+                                                                 "min(10, rounds))")
+    compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
+    compare.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    compare.add_argument("--recompute", action="store_true",
+                         help="run again (and replace) result files computed with other settings")
+    compare.add_argument("--out", type=Path, required=True, help="results: DIR/runs, summary.json, report.md")
+    return top
+
+
+def missing_extras() -> list[str]:
+    return [name for name in EXTRAS if importlib.util.find_spec(name) is None]
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from .apps import num_supernodes, parse_overrides
+    from .compare import Comparison, run_compare
+    from .sweep import SweepFailed
+
+    try:
+        common, federation = parse_overrides(args.run_config)
+        a, _ = parse_overrides(args.a)
+        b, _ = parse_overrides(args.b)
+        nodes = args.num_supernodes if args.num_supernodes is not None else num_supernodes(federation)
+        comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
+                                num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine)
+        summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
+                              progress=lambda line: print(line, flush=True))
+    except SweepFailed as err:
+        print(f"lips-flwr compare: a run failed:\n{err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"lips-flwr compare: {err}", file=sys.stderr)
+        return 1
+    print((args.out / "report.md").read_text())
+    print(f"verdict: {summary['verdict']}; written to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    missing = missing_extras()
+    if missing:
+        print(f"lips-flwr {args.command} needs {', '.join(missing)}: pip install \"lips-flwr[examples]\"",
+              file=sys.stderr)
+        return 2
+    return compare_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""``lips-flwr compare``: does LIPS (or any change of run config) help on this Flower App?
+
+Two arms of the same App over paired seeds, on the batched Grid, through the
+one runner (:func:`~.sweep.run_sweep`):
+
+- by default arm A is the app with LIPS off (every LIPS strategy built in it
+  is forced to ``tau0 = 0``, bit for bit its wrapped strategy; client mods
+  then mask nothing) and arm B the app as written;
+- with ``a``/``b`` overrides, each arm is the app with its own run-config
+  overrides (nothing forced).
+
+The runs go to ``<out>/runs/<a|b>-seed<k>.json``. The **endpoint** of a run
+is the mean over its last ``K`` evaluated rounds (default ``min(10,
+rounds)``) of the clients' evaluate metric ``NAME`` averaged with
+``num-examples`` weights (default: the first evaluate metric whose name
+contains ``acc``, in the lowest node's reply order). Per seed, ``B - A``;
+over seeds, the paired t-test with its 95% CI (ddof = 1) and the exact sign
+test (:mod:`.stats`), and a verdict in the study protocol's words. The
+**inertia verdict** of arm A applies the protocol's rule to the relative
+steps of the global models the runner saw. ``<out>/summary.json``,
+``<out>/report.md``, ``<out>/curves.png`` and ``<out>/inertia.png`` hold it
+all (:mod:`.compare_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .provenance import same_environment
+from .runs import LIPS_OFF, RunSpec
+from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
+from .store import Result, read_result
+from .sweep import run_sweep
+
+DEFAULT_LAST = 10
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What ``lips-flwr compare`` was asked: the app, seeds, arms, shared overrides and how to run."""
+
+    app: Path
+    seeds: tuple[int, ...]
+    a: dict[str, Any] = field(default_factory=dict)
+    b: dict[str, Any] = field(default_factory=dict)
+    run_config: dict[str, Any] = field(default_factory=dict)
+    num_nodes: int = 10
+    metric: str | None = None
+    last: int | None = None
+    engine: str = "auto"
+
+    @property
+    def lips_off(self) -> bool:
+        """The default arms: A is the app with LIPS forced off, B the app as written."""
+        return not self.a and not self.b
+
+    def specs(self) -> list[RunSpec]:
+        """One spec per arm and seed, in seed order (A then B), named ``<a|b>-seed<k>``."""
+        if self.engine not in ("auto", "sequential", "stacked"):
+            raise ValueError(f"compare runs on the batched Grid: engine auto, sequential or stacked, "
+                             f"got {self.engine!r}")
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
+            raise ValueError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
+        out = []
+        for seed in self.seeds:
+            for arm, overrides in (("a", self.a), ("b", self.b)):
+                out.append(RunSpec(self.app, f"{arm}-seed{seed}", seed, {**self.run_config, **overrides},
+                                   num_nodes=self.num_nodes, engine=self.engine,
+                                   lips_off=self.lips_off and arm == "a", require_evaluate=True))
+        return out
+
+
+def evaluate_series(result: Result, metric: str) -> dict[int, float]:
+    """Round -> the clients' weighted mean of evaluate metric ``metric`` (rounds that have it)."""
+    rounds = (result.observed or {}).get("rounds", {})
+    return {int(r): float(entry["evaluate"]["metrics"][metric]) for r, entry in rounds.items()
+            if metric in entry.get("evaluate", {}).get("metrics", {})}
+
+
+def default_metric(result: Result) -> str:
+    """The first evaluate metric whose name contains ``acc``, in the lowest node's reply order."""
+    keys = (result.observed or {}).get("evaluate_keys") or []
+    found = next((k for k in keys if "acc" in k), None)
+    if found is None:
+        raise ValueError(f"no evaluate metric of {result.path.name} has 'acc' in its name (the clients "
+                         f"report {keys or 'no evaluate metrics'}): name one with --metric")
+    return found
+
+
+def endpoint(series: dict[int, float], last: int) -> float:
+    """The mean of the last ``last`` evaluated rounds of ``series``."""
+    rounds = sorted(series)[-last:]
+    return float(np.mean([series[r] for r in rounds]))
+
+
+def relative_steps(result: Result) -> dict[str, dict[int, float]]:
+    """Layer -> round -> the relative step of the global model the runner saw."""
+    steps: dict[str, dict[int, float]] = {}
+    for r, entry in (result.observed or {}).get("rounds", {}).items():
+        for layer, value in (entry.get("relative_step") or {}).items():
+            if value is not None:
+                steps.setdefault(layer, {})[int(r)] = float(value)
+    return steps
+
+
+def layer_groups(result: Result) -> tuple[list[str], list[str]]:
+    """(all weight layers in model order, the middle ones) as the runner saw them."""
+    layers = (result.observed or {}).get("layers") or {}
+    return list(layers.get("all", [])), list(layers.get("middle", []))
+
+
+def _inertia(results_a: list[Result]) -> dict:
+    rhos = []
+    for result in results_a:
+        all_layers, middle = layer_groups(result)
+        edges = [name for name in all_layers if name not in middle]
+        last = max((int(r) for r in (result.observed or {}).get("rounds", {})), default=0)
+        rho = inertia_rho(relative_steps(result), middle, edges, last) if last >= MIN_ROUNDS else None
+        if rho is not None:
+            rhos.append(rho)
+    return {**inertia_verdict(rhos), "per_run": rhos}
+
+
+def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
+    out = {}
+    for name, result in results.items():
+        rounds = (result.observed or {}).get("rounds", {}).values()
+        counts = {kind: sum(entry.get(kind, {}).get("errors", 0) for entry in rounds)
+                  for kind in ("train", "evaluate")}
+        if any(counts.values()):
+            out[name] = counts
+    return out
+
+
+def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
+    """``summary.json``'s content from the runs' result files (see the module docstring)."""
+    first = results[f"a-seed{comparison.seeds[0]}"]
+    metric = comparison.metric or default_metric(first)
+    series = {name: evaluate_series(result, metric) for name, result in results.items()}
+    empty = sorted(name for name, s in series.items() if not s)
+    if empty:
+        raise ValueError(f"evaluate metric {metric!r} is in no round of {empty}; the clients report "
+                         f"{first.observed and first.observed.get('evaluate_keys')}")
+    shortest = min(len(s) for s in series.values())
+    last = comparison.last if comparison.last is not None else min(DEFAULT_LAST, shortest)
+    if not 1 <= last <= shortest:
+        raise ValueError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
+    a = [endpoint(series[f"a-seed{s}"], last) for s in comparison.seeds]
+    b = [endpoint(series[f"b-seed{s}"], last) for s in comparison.seeds]
+    diffs = [y - x for x, y in zip(a, b)]
+    summary: dict[str, Any] = {
+        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "last": last,
+        "arms": {"a": {"overrides": comparison.a,
+                       "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
+                 "b": {"overrides": comparison.b, "lips_forced": {}}},
+        "run_config": comparison.run_config, "num_nodes": comparison.num_nodes,
+        "engine": first.identity["engine"] if first.identity else None,
+        "endpoint_a": a, "endpoint_b": b, "differences": diffs, "n": len(diffs),
+        "diff_mean": float(np.mean(diffs)),
+    }
+    if len(diffs) >= 2:
+        test = paired(diffs)
+        summary.update(ci95=[test["ci_low"], test["ci_high"]], p_t=test["p_t"], p_sign=test["p_sign"],
+                       sd=test["sd"], wins=test["wins"], losses=test["losses"],
+                       verdict=verdict(test, test["p_t"]))
+    else:
+        summary.update(ci95=None, p_t=None, p_sign=None, sd=None, wins=int(diffs[0] > 0),
+                       losses=int(diffs[0] < 0), verdict="no test (one seed)")
+    summary["inertia_a"] = _inertia([results[f"a-seed{s}"] for s in comparison.seeds])
+    summary["environments"] = []
+    for s in comparison.seeds:
+        same, differing = same_environment(results[f"a-seed{s}"].provenance, results[f"b-seed{s}"].provenance)
+        summary["environments"].append({"seed": s, "same": same, "differing": differing})
+    summary["error_replies"] = _errors(results)
+    return summary
+
+
+def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,
+                progress: Callable[[str], None] = print) -> dict:
+    """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``."""
+    from .compare_report import write_report
+
+    out = Path(out).resolve()
+    specs = comparison.specs()
+    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+    results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
+    summary = summarize(comparison, results)
+    write_report(comparison, summary, results, out)
+    return summary
+
+
+__all__ = ["Comparison", "default_metric", "endpoint", "evaluate_series", "run_compare", "summarize"]

@@ -1,0 +1,174 @@
+"""What ``lips-flwr compare`` writes: ``summary.json``, ``report.md``, ``curves.png`` and ``inertia.png``.
+
+``curves.png``: left, both arms' mean curves of the endpoint metric per
+round with each seed's curve faint; right, each seed's paired difference
+``B - A`` with their mean and 95% CI. ``inertia.png``: arm A's relative step
+per weight layer and round, ``log10``, averaged over its seeds, layers in the
+model's order with the first and last marked.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .compare import Comparison, evaluate_series, layer_groups, relative_steps
+from .results import write_json_atomic
+from .store import Result
+
+
+def _overrides(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v!r}" for k, v in values.items()) or "(none)"
+
+
+def _arms(comparison: Comparison) -> tuple[str, str]:
+    if comparison.lips_off:
+        return ("the app with LIPS off (every LIPS strategy in it forced to `tau0 = 0`: its wrapped "
+                "strategy, bit for bit; client mods mask nothing)", "the app as written")
+    return f"the app with {_overrides(comparison.a)}", f"the app with {_overrides(comparison.b)}"
+
+
+def _test_lines(summary: dict) -> list[str]:
+    if summary["ci95"] is None:
+        return [f"B - A: {summary['diff_mean']:+.4f} on one seed: no test (a paired test needs two seeds or "
+                "more)."]
+    low, high = summary["ci95"]
+    return [f"B - A: mean {summary['diff_mean']:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] (paired t, "
+            f"ddof = 1), p = {summary['p_t']:.3g} (t), p = {summary['p_sign']:.3g} (exact sign test); "
+            f"B ahead on {summary['wins']} of {summary['n']} seeds.", "",
+            f"**Verdict: {summary['verdict']}** (the study protocol's words: *supported* when p < 0.05 and "
+            "the CI lies above 0, *contradicted* when p < 0.05 and it lies below 0, else *no effect "
+            f"detected*; the CI [{low:+.4f}, {high:+.4f}] is then the range of effects these seeds cannot "
+            "rule out)."]
+
+
+def _inertia_lines(inertia: dict) -> list[str]:
+    if not inertia["runs"]:
+        return ["Inertia (arm A): not measured: the study protocol's rule compares rounds 2-6 with the last "
+                "10 rounds (16 rounds or more), every weight layer with its relative steps."]
+    return [f"Inertia (arm A, late/early relative step per layer, the study protocol's rule): middle layers' "
+            f"median rho {inertia['middle']:.3f}, first and last layers' {inertia['edges']:.3f} (medians "
+            f"over runs); inertia arises in {inertia['arises_in']} of {inertia['runs']} runs: it "
+            f"**{inertia['verdict']}** (it arises when it does in at least 5 of 6 runs)."]
+
+
+def _environment_lines(summary: dict) -> list[str]:
+    rows = summary["environments"]
+    if all(row["same"] for row in rows):
+        return ["Each seed's two runs ran in one environment (the same Python, numpy, torch and flwr "
+                "versions, CPU flags, GPU, threads and engine)."]
+    lines = ["Not every seed's two runs ran in one environment:", ""]
+    for row in rows:
+        state = ("unknown (a file without provenance)" if row["same"] is None else
+                 "one environment" if row["same"] else f"different: {', '.join(row['differing'])}")
+        lines.append(f"- seed {row['seed']}: {state}")
+    return lines
+
+
+def report_text(comparison: Comparison, summary: dict) -> str:
+    arm_a, arm_b = _arms(comparison)
+    lines = [f"# Does it help? `{comparison.app.name}`: B vs A over {summary['n']} paired seeds", "",
+             f"- A: {arm_a}", f"- B: {arm_b}",
+             f"- both: run config {_overrides(comparison.run_config)}, {comparison.num_nodes} nodes, "
+             f"engine {summary['engine']}, seeds {', '.join(map(str, summary['seeds']))}",
+             f"- endpoint: the clients' evaluate metric `{summary['metric']}` averaged with `num-examples` "
+             f"weights, mean over each run's last {summary['last']} evaluated rounds", "",
+             "| seed | A | B | B - A |", "| --- | --- | --- | --- |"]
+    for seed, a, b, d in zip(summary["seeds"], summary["endpoint_a"], summary["endpoint_b"],
+                             summary["differences"]):
+        lines.append(f"| {seed} | {a:.4f} | {b:.4f} | {d:+.4f} |")
+    lines += ["", *_test_lines(summary), "", *_inertia_lines(summary["inertia_a"]), "",
+              *_environment_lines(summary), ""]
+    errors = summary["error_replies"]
+    if errors:
+        lines += ["Error replies (clients that failed; their rounds went on without them):", ""]
+        lines += [f"- {name}: {c['train']} train, {c['evaluate']} evaluate"
+                  for name, c in sorted(errors.items())]
+    else:
+        lines.append("No client sent an error reply.")
+    lines += ["", "Figures: `curves.png` (curves and paired differences), `inertia.png` (arm A's relative "
+              "step per layer). Runs: `runs/<a|b>-seed<k>.json` (per-round metrics, identity, provenance)."]
+    return "\n".join(lines) + "\n"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
+    plt = _pyplot()
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    for color, arm in (("C0", "a"), ("C3", "b")):
+        curves = [evaluate_series(results[f"{arm}-seed{s}"], summary["metric"]) for s in summary["seeds"]]
+        rounds = sorted(set.intersection(*(set(c) for c in curves)))
+        values = np.array([[c[r] for r in rounds] for c in curves])
+        for row in values:
+            ax.plot(rounds, row, color=color, alpha=0.2, lw=0.8)
+        ax.plot(rounds, values.mean(0), color=color, lw=2, label=f"{arm.upper()} (mean of {len(curves)})")
+    ax.set(xlabel="round", ylabel=summary["metric"], title=f"{summary['metric']} per round (faint: a seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    diffs = np.array(summary["differences"])
+    dx.scatter(range(len(diffs)), diffs, color="0.4", s=16, zorder=2, label="B - A per seed")
+    dx.axhline(summary["diff_mean"], color="C3", lw=1.2, label="mean")
+    if summary["ci95"] is not None:
+        dx.axhspan(*summary["ci95"], color="C3", alpha=0.15, label="95% CI")
+    dx.axhline(0, color="k", lw=0.8)
+    dx.set_xticks(range(len(diffs)), [str(s) for s in summary["seeds"]], fontsize=7, rotation=45)
+    dx.set(xlabel="seed", ylabel=f"B - A, endpoint (last {summary['last']})", title="paired differences")
+    dx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_inertia(summary: dict, results: dict[str, Result], path: Path) -> Path:
+    plt = _pyplot()
+    runs = [results[f"a-seed{s}"] for s in summary["seeds"]]
+    layers, middle = layer_groups(runs[0])
+    steps = [relative_steps(r) for r in runs]
+    rounds = sorted({t for s in steps for series in s.values() for t in series})
+    fig, ax = plt.subplots(figsize=(9, 0.35 * max(len(layers), 1) + 2))
+    if layers and rounds:
+        logs = np.full((len(steps), len(layers), len(rounds)), np.nan)
+        for i, s in enumerate(steps):
+            for j, layer in enumerate(layers):
+                for k, t in enumerate(rounds):
+                    value = s.get(layer, {}).get(t)
+                    if value is not None and value > 0:
+                        logs[i, j, k] = np.log10(value)
+        with warnings.catch_warnings():  # (a layer and round no seed has: an empty cell)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            grid = np.nanmean(logs, axis=0)
+        image = ax.imshow(grid, aspect="auto", cmap="viridis",
+                          extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(layers) - 0.5, -0.5))
+        labels = [f"{name} ({'middle' if name in middle else 'first' if i == 0 else 'last'})"
+                  for i, name in enumerate(layers)]  # ("middle": every weight layer but the first and last)
+        ax.set_yticks(range(len(layers)), labels, fontsize=7)
+        fig.colorbar(image, ax=ax, label="log10 relative step")
+    ax.set(xlabel="round", title=f"arm A: log10 ||w_t - w_t-1|| / ||w_t-1|| per layer, mean over "
+                                 f"{len(runs)} seeds; inertia {summary['inertia_a']['verdict']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(comparison: Comparison, summary: dict, results: dict[str, Result], out: Path) -> None:
+    """``summary.json``, ``report.md``, ``curves.png`` and ``inertia.png`` in ``out``."""
+    write_json_atomic(out / "summary.json", summary)
+    (out / "report.md").write_text(report_text(comparison, summary))
+    plot_curves(summary, results, out / "curves.png")
+    plot_inertia(summary, results, out / "inertia.png")
+
+
+__all__ = ["plot_curves", "plot_inertia", "report_text", "write_report"]

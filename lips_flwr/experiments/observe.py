@@ -1,0 +1,261 @@
+"""What the runner sees of a run through the batched Grid: the clients' metrics and the global model's steps.
+
+:class:`RunObserver` is the Grid's observer (``run_batched(..., observer=)``,
+:class:`~lips_flwr.experiments.batched.GridObserver`). Per round it keeps:
+
+- ``train`` and ``evaluate``: the replies' numeric metrics averaged with
+  ``num-examples`` weights (``num_examples`` for the legacy API; a plain mean
+  when a reply has no weight: ``"weighting": "uniform"``), ``num-examples``
+  itself summed, and the counts of replies, error replies and instructions
+  left without a reply;
+- ``relative_step``: each weight layer's ``||w_t - w_{t-1}|| / ||w_{t-1}||``
+  of the global models the Grid broadcasts (train instructions of round
+  ``t + 1`` and evaluate instructions of round ``t`` carry ``w_t``); the
+  layers are :func:`~lips_flwr.core.layers.select_layers` ``"all"``, in the
+  model's order, and ``"middle"`` marks the middle ones. A strategy that
+  sends nodes different models is measured on the lowest node's.
+
+A round is read from the instruction's ``server-round`` config entry
+(Flower's strategies set it), else from its group id (the legacy API's).
+A round whose train (or evaluate) instructions were all answered with errors
+ends the run (:class:`RunFailed`): every later round would fail alike.
+
+The observations so far are kept in the staging folder after every delivery
+and every new step, and in a resumable run the last global model too; a
+resumed run keeps the rounds before its first new round from them
+(:meth:`RunObserver.resume_from`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+
+from ..core.layers import select_layers
+from ..persistence.npz_store import write_atomic
+from .results import write_json_atomic
+
+WEIGHT_KEYS = ("num-examples", "num_examples")
+KINDS = ("train", "evaluate")
+
+
+class RunFailed(RuntimeError):
+    """A run that cannot give a result: its clients all failed a round, or nothing was evaluated."""
+
+
+def reply_metrics(msg: Message) -> dict[str, float]:
+    """A reply's numeric metrics: its MetricRecords and the legacy API's ``*.metrics`` ConfigRecords."""
+    out: dict[str, float] = {}
+    for name, record in msg.content.items():
+        legacy = isinstance(record, ConfigRecord) and name.endswith(".metrics")
+        if isinstance(record, MetricRecord) or legacy:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[key] = float(value)
+    return out
+
+
+def weighted_means(replies: list[dict[str, float]]) -> dict[str, Any]:
+    """Each metric's mean over the replies that have it, weighted by ``num-examples`` (exact sums)."""
+    weight_key = next((k for k in WEIGHT_KEYS if replies and all(r.get(k, 0) > 0 for r in replies)), None)
+    out: dict[str, Any] = {"weighting": weight_key or "uniform"}
+    keys = sorted({k for r in replies for k in r})
+    metrics = {}
+    for key in keys:
+        have = [r for r in replies if key in r]
+        if key == weight_key:
+            metrics[key] = math.fsum(r[key] for r in have)
+            continue
+        weights = [r[weight_key] if weight_key else 1.0 for r in have]
+        metrics[key] = math.fsum(w * r[key] for w, r in zip(weights, have)) / math.fsum(weights)
+    out["metrics"] = metrics
+    return out
+
+
+def _round_of(msg: Message) -> int | None:
+    for record in msg.content.config_records.values():
+        value = record.get("server-round")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    group = msg.metadata.group_id
+    return int(group) if group.isdigit() else None
+
+
+def _first_arrays(msg: Message) -> ArrayRecord | None:
+    return next(iter(msg.content.array_records.values()), None)
+
+
+class RunObserver:
+    """The runner's :class:`~lips_flwr.experiments.batched.GridObserver` (see the module docstring).
+
+    ``staging``: where to keep the partial observations (``observed.json``)
+    and, when ``keep_model``, the last global model (``last-global.npz``);
+    ``None`` keeps nothing. ``on_round(r)`` is called when round ``r``'s train
+    replies are in.
+    """
+
+    def __init__(self, staging: Path | None = None, keep_model: bool = False,
+                 on_round: Callable[[int], None] | None = None) -> None:
+        self.staging, self.keep_model, self.on_round = staging, keep_model, on_round
+        self.rounds: dict[int, dict[str, Any]] = {}  # round -> {"train", "evaluate", "relative_step"}
+        self._replies: dict[tuple[int, str], list[dict[str, float]]] = {}
+        self._counts: dict[tuple[int, str], dict[str, int]] = {}
+        self._pending: dict[str, tuple[int, str]] = {}  # instruction id -> (round, kind)
+        self.layers: dict[str, list[str]] | None = None
+        self.evaluate_keys: list[str] | None = None  # the lowest node's first evaluate reply, in its order
+        self._last: tuple[int, dict[str, np.ndarray]] | None = None  # (t, w_t's weight layers)
+        self._earlier: dict[int, dict[str, Any]] = {}  # a resumed run's rounds from its partial record
+        self.first_round: int | None = None
+        self.first_error: str | None = None  # the first error reply's reason (a ClientApp's traceback)
+        self._lock = threading.RLock()
+
+    # -- the Grid's calls ----------------------------------------------------------------------
+    def pushed(self, messages: Iterable[Message]) -> None:
+        """Instructions just pushed: note their round and kind; read the global model they carry."""
+        with self._lock:
+            messages = list(messages)
+            for msg in messages:
+                kind = msg.metadata.message_type.split(".")[0]
+                rnd = _round_of(msg)
+                if rnd is None:
+                    continue
+                if kind == "train" and self.first_round is None:
+                    self._start(rnd)
+                self._pending[msg.metadata.message_id] = (rnd, kind)
+                counts = self._counts.setdefault((rnd, kind), {"instructions": 0, "replies": 0, "errors": 0})
+                counts["instructions"] += 1
+            if messages:
+                first = min(messages, key=lambda m: m.metadata.dst_node_id)
+                rnd, kind = _round_of(first), first.metadata.message_type.split(".")[0]
+                arrays = _first_arrays(first)
+                if rnd is not None and arrays is not None and kind in KINDS:
+                    self._saw_model(rnd - 1 if kind == "train" else rnd, arrays)
+
+    def replied(self, replies: Iterable[Message]) -> None:
+        """One delivery's replies (errors included): count them, keep their metrics; fail all-error rounds."""
+        with self._lock:
+            replies = sorted(replies, key=lambda m: m.metadata.src_node_id)
+            delivered: dict[tuple[int, str], list[bool]] = {}  # (round, kind) -> this delivery's error flags
+            for msg in replies:
+                where = self._pending.pop(msg.metadata.reply_to_message_id, None)
+                if where is None or where[1] not in KINDS:
+                    continue
+                counts = self._counts[where]
+                counts["replies"] += 1
+                delivered.setdefault(where, []).append(msg.has_error())
+                if msg.has_error():
+                    counts["errors"] += 1
+                    if self.first_error is None:
+                        self.first_error = msg.error.reason
+                else:
+                    metrics = reply_metrics(msg)
+                    self._replies.setdefault(where, []).append(metrics)
+                    if where[1] == "evaluate" and self.evaluate_keys is None:
+                        self.evaluate_keys = list(metrics)
+            for where in sorted(delivered):
+                self._aggregate(where)
+            # Kept before the strategy sees the replies, so before it checkpoints this round: a
+            # resumed run finds every round its checkpoint holds in these observations.
+            self.save()
+            for (rnd, kind), errors in sorted(delivered.items()):
+                # A whole round in one delivery (the Message API's strategies), every reply an error.
+                # (The legacy API delivers node by node: check() finds its failed rounds at the end.)
+                if len(errors) == self._counts[(rnd, kind)]["instructions"] and all(errors):
+                    raise RunFailed(f"round {rnd}: every {kind} instruction got an error reply "
+                                    f"({len(errors)} of {len(errors)})")
+                if kind == "train" and self.on_round is not None:
+                    self.on_round(rnd)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _start(self, first_round: int) -> None:
+        """The run's first train round in this process: keep the earlier rounds of a resumed run."""
+        self.first_round = first_round
+        self.rounds = {r: entry for r, entry in self._earlier.items() if r < first_round}
+        if self._last is not None and self._last[0] >= first_round:
+            self._last = None  # a model of rounds this run does again
+
+    def _aggregate(self, where: tuple[int, str]) -> None:
+        rnd, kind = where
+        counts = self._counts[where]
+        entry = {**weighted_means(self._replies.get(where, [])), "replies": counts["replies"],
+                 "errors": counts["errors"], "missing": counts["instructions"] - counts["replies"]}
+        self.rounds.setdefault(rnd, {})[kind] = entry
+
+    def _saw_model(self, index: int, record: ArrayRecord) -> None:
+        """The global model ``w_index`` was broadcast: its step from ``w_{index-1}`` when that was seen."""
+        if self._last is not None and self._last[0] == index:
+            return
+        arrays = {name: array.numpy() for name, array in record.items()}
+        if self.layers is None:
+            self.layers = {"all": select_layers(arrays, "all"), "middle": select_layers(arrays, "middle")}
+        weights = {name: arrays[name] for name in self.layers["all"] if name in arrays}
+        if self._last is not None and self._last[0] == index - 1 and index >= 1:
+            steps = {}
+            for name, now in weights.items():
+                before = self._last[1].get(name)
+                if before is None or before.shape != now.shape:
+                    continue
+                base = float(np.linalg.norm(before.astype(np.float64)))
+                step = float(np.linalg.norm(now.astype(np.float64) - before))
+                steps[name] = step / base if base > 0 else None
+            self.rounds.setdefault(index, {})["relative_step"] = steps
+            self.save()  # (before the model: a stop between the two computes this step again)
+        self._last = (index, weights)
+        if self.keep_model and self.staging is not None:
+            saved: dict[str, Any] = {**weights, "__round__": np.array(index)}
+            write_atomic(self.staging / "last-global.npz", lambda f: np.savez(f, allow_pickle=False, **saved))
+
+    # -- records -------------------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """The observations as a result file holds them (rounds as strings, in order)."""
+        with self._lock:
+            return {"rounds": {str(r): self.rounds[r] for r in sorted(self.rounds)}, "layers": self.layers,
+                    "evaluate_keys": self.evaluate_keys, "first_round": self.first_round}
+
+    def save(self) -> None:
+        """Keep the observations so far in the staging folder (a resumed run starts from them)."""
+        if self.staging is not None:
+            write_json_atomic(self.staging / "observed.json", self.record())
+
+    def resume_from(self, staging: Path) -> None:
+        """Take the partial observations and last global model a stopped run of this identity left."""
+        try:
+            partial = json.loads((staging / "observed.json").read_text())
+        except (OSError, ValueError):
+            partial = {}
+        self._earlier = {int(r): entry for r, entry in partial.get("rounds", {}).items()}
+        self.layers = partial.get("layers") or self.layers
+        self.evaluate_keys = partial.get("evaluate_keys") or self.evaluate_keys
+        try:
+            with np.load(staging / "last-global.npz") as saved:
+                arrays = {name: saved[name] for name in saved.files if name != "__round__"}
+                self._last = (int(saved["__round__"]), arrays)
+        except (OSError, ValueError, KeyError):
+            self._last = None
+
+    def check(self, require_evaluate: bool) -> None:
+        """``RunFailed`` when a round's train replies were all errors, or no round was evaluated if needed."""
+        with self._lock:
+            for rnd, entry in sorted(self.rounds.items()):
+                train = entry.get("train")
+                if train is not None and train["replies"] == train["errors"]:
+                    raise RunFailed(f"round {rnd}: no client trained ({train['errors']} error replies, "
+                                    f"{train['missing']} left without a reply)")
+                evaluate = entry.get("evaluate")
+                if evaluate is not None and evaluate["replies"] and evaluate["replies"] == evaluate["errors"]:
+                    raise RunFailed(f"round {rnd}: every evaluate reply was an error ({evaluate['errors']})")
+            if not any("train" in entry for entry in self.rounds.values()):
+                raise RunFailed("no round trained: the ServerApp sent no train instruction the runner read")
+            if require_evaluate and not any(entry.get("evaluate", {}).get("metrics")
+                                            for entry in self.rounds.values()):
+                raise RunFailed("no round was evaluated: no evaluate reply carried metrics")
+
+
+__all__ = ["RunFailed", "RunObserver", "reply_metrics", "weighted_means"]

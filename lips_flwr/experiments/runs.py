@@ -1,0 +1,153 @@
+"""A run of a Flower App as the runner sees it: its spec, its identity, its place on disk.
+
+A :class:`RunSpec` says what to run (an App folder, run-config overrides, a
+seed, a node count, an engine, LIPS forced off or not) and what to call the
+result. :func:`prepare` resolves it before anything runs: the app's run
+config with Flower's rules, the engine (``auto``: ``stacked`` on CUDA, else
+``sequential``), and the run's **identity**, everything that decides its
+numbers::
+
+    {"app": {"name", "digest"}, "run_config": {...}, "seed", "num_nodes", "engine",
+     "lips_forced": {"tau0": 0.0} or {}, "code": {"lips_flwr", "source"}}
+
+Library versions and hardware are provenance (:mod:`.provenance`), not
+identity. **Runner-managed keys**: when the app's run config declares
+``results-path``, ``checkpoint-path``, ``resume`` or ``lips-state-dir``, the
+runner sets them (files in the run's staging folder, ``resume = "auto"``),
+they are left out of the identity, and an override of one is refused. When
+it declares ``seed``, the runner sets it to the run's seed. A spec's
+``location_keys`` (e.g. ``dataset-path``: where the data is, not what it is)
+are left out of the identity too and recorded in the provenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .apps import FlowerApp, app_digest, load_app, resolve_run_config
+from .provenance import code_identity
+from .store import check_name, result_path, staging_path
+
+MANAGED_KEYS = ("results-path", "checkpoint-path", "resume", "lips-state-dir")
+ENGINES = ("auto", "sequential", "stacked", "flwr")
+LIPS_OFF = {"tau0": 0.0}  # LIPS with tau0 = 0 is its wrapped strategy, bit for bit
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep (see the module docstring).
+
+    ``env``: the run process's environment additions (thread counts), set
+    before its imports; ``chunk_size``: the stacked engine's most clients at
+    once; ``require_evaluate``: the run fails when no round was evaluated;
+    ``client_resources``: ``flwr run``'s ``client-resources-*`` (engine ``"flwr"``).
+    """
+
+    app: str | Path
+    name: str
+    seed: int
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    num_nodes: int = 10
+    engine: str = "auto"
+    lips_off: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    chunk_size: int | None = None
+    location_keys: tuple[str, ...] = ()
+    require_evaluate: bool = False
+    client_resources: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A spec resolved: the run config the app gets, the identity, the files, whether it can resume."""
+
+    spec: RunSpec
+    app: FlowerApp
+    run_config: dict[str, Any]
+    identity: dict[str, Any]
+    result: Path
+    staging: Path
+    resumable: bool
+    num_rounds: int | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def locations(self) -> dict[str, Any]:
+        return {key: self.run_config[key] for key in self.spec.location_keys}
+
+
+def resolve_engine(engine: str) -> str:
+    """``engine`` with ``auto`` made concrete (``stacked`` on CUDA, else ``sequential``)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine != "auto":
+        return engine
+    import torch
+
+    return "stacked" if torch.cuda.is_available() else "sequential"
+
+
+def _check_spec(spec: RunSpec, app: FlowerApp) -> None:
+    check_name(spec.name)
+    if isinstance(spec.seed, bool) or not isinstance(spec.seed, int) or spec.seed < 0:
+        raise ValueError(f"{spec.name}: the seed must be an integer >= 0, got {spec.seed!r}")
+    if isinstance(spec.num_nodes, bool) or not isinstance(spec.num_nodes, int) or spec.num_nodes < 1:
+        raise ValueError(f"{spec.name}: the node count must be an integer >= 1, got {spec.num_nodes!r}")
+    managed = sorted(set(spec.overrides) & set(MANAGED_KEYS))
+    if managed:
+        raise ValueError(f"{spec.name}: run-config keys {managed} are managed by the runner (it keeps the "
+                         "app's results, checkpoint and client state in the run's staging folder and resumes "
+                         "a stopped run itself): leave them out")
+    if "seed" in spec.overrides and spec.overrides["seed"] != spec.seed:
+        raise ValueError(f"{spec.name}: run-config seed={spec.overrides['seed']!r} differs from the run's "
+                         f"seed {spec.seed}; the runner sets the app's seed key to the run's seed")
+    unknown = sorted(set(spec.location_keys) - set(app.defaults))
+    if unknown:
+        raise ValueError(f"{spec.name}: location keys {unknown} are not run-config keys of {app.name}")
+
+
+def prepare(spec: RunSpec, out: Path) -> PreparedRun:
+    """Resolve ``spec`` for a sweep into ``out`` (``ValueError`` naming what is wrong; nothing runs)."""
+    app = load_app(spec.app)
+    _check_spec(spec, app)
+    engine = resolve_engine(spec.engine)
+    staging = staging_path(out, spec.name)
+    config = resolve_run_config(app, dict(spec.overrides))
+    if "seed" in config:
+        config["seed"] = spec.seed
+    managed = {"results-path": str(staging / "app-results.json"), "resume": "auto",
+               "checkpoint-path": str(staging / "checkpoint.npz"), "lips-state-dir": str(staging / "clients")}
+    for key, value in managed.items():
+        if key in config:
+            config[key] = value
+    hidden = {*MANAGED_KEYS, *spec.location_keys}
+    identity = {
+        "app": {"name": app.name, "digest": app_digest(app)},
+        "run_config": {k: v for k, v in config.items() if k not in hidden},
+        "seed": spec.seed,
+        "num_nodes": spec.num_nodes,
+        "engine": engine,
+        "lips_forced": dict(LIPS_OFF) if spec.lips_off else {},
+        "code": code_identity(),
+    }
+    rounds = config.get("num-server-rounds")
+    rounds = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
+    return PreparedRun(spec=spec, app=app, run_config=config, identity=identity,
+                       result=result_path(out, spec.name), staging=staging,
+                       resumable="checkpoint-path" in config and "resume" in config,
+                       num_rounds=rounds)
+
+
+def legacy_run_config(run_config: dict[str, Any], location_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An earlier session's embedded run config as an identity's (managed and location keys dropped)."""
+    return {k: v for k, v in run_config.items() if k not in (*MANAGED_KEYS, *location_keys)}
+
+
+__all__ = ["ENGINES", "LIPS_OFF", "MANAGED_KEYS", "PreparedRun", "RunSpec", "legacy_run_config", "prepare",
+           "resolve_engine"]

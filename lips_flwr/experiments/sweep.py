@@ -1,0 +1,297 @@
+"""The one experiment runner: :func:`run_sweep` runs :class:`~.runs.RunSpec`\\ s into result files.
+
+Before anything runs, every spec is resolved (:func:`~.runs.prepare`) and
+each existing result file is checked:
+
+- a finished ``<out>/<name>.json`` whose identity equals the spec's is
+  **reused** (not run again);
+- one whose identity differs **stops the sweep** before anything runs, each
+  differing key named (``run_config.tau0: file 0.3, now 0.5``), unless
+  ``recompute=True``, which runs it again and replaces it;
+- a file of an earlier session (no identity) is compared by its embedded run
+  config: equal, it is reused with a warning that its code, engine and
+  environment cannot be checked; different, it is refused like any other;
+- two specs with one result name are an error.
+
+Then the staging folders that no run of the sweep names are removed, and
+each run, as it starts, claims its own ``<out>/.staging/<name>/``: a folder left by a
+stopped run of the same identity is continued when the app can resume (it
+has ``checkpoint-path`` and ``resume``), else removed (logged) and the run
+starts at round 1. Runs on the batched Grid each run in a fresh process
+(:mod:`.worker`), ``jobs`` at a time; ``flwr run`` runs (:mod:`.flwr_runs`)
+one after another. The first failing run stops the sweep once the running
+runs end (:class:`SweepFailed`, with that run's first client error).
+``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
+
+The processes are started with ``spawn``: a fresh interpreter that sets the
+run's environment (thread counts) before numpy and torch read it. A
+forkserver with torch and flwr preloaded starts a run sooner (0.02 s against
+1.8 s from ``start()`` to the app's imports done, on the loaded 2-core
+development machine), but its preloaded libraries would have read the
+server's thread settings already, and the compute floor a run is measured
+against (benchmarks/bench_runner.py) is a fresh process too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from .runs import PreparedRun, RunSpec, legacy_run_config, prepare
+from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty
+
+Progress = Callable[[str], None]
+
+
+class SweepFailed(RuntimeError):
+    """A run of the sweep failed; the message names it and carries its error and first client error."""
+
+
+def _duplicates(specs: list[RunSpec]) -> None:
+    seen: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs):
+        seen.setdefault(spec.name, []).append(i)
+    repeated = {name: idx for name, idx in seen.items() if len(idx) > 1}
+    if repeated:
+        raise ValueError("two runs of one sweep would write one result file: " + "; ".join(
+            f"{name!r} (runs {', '.join(map(str, idx))}: {', '.join(str(specs[i].app) for i in idx)})"
+            for name, idx in repeated.items()))
+
+
+def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> list[PreparedRun]:
+    """The runs to do; reused ones logged; ``ValueError`` listing every refused file (see the module)."""
+    to_run, refused = [], []
+    for job in prepared:
+        if not job.result.exists():
+            to_run.append(job)
+            continue
+        try:
+            found = read_result(job.result)
+        except ValueError as err:
+            differing = [str(err)]
+        else:
+            if found.identity is not None:
+                differing = differences(found.identity, job.identity)
+            else:
+                embedded = legacy_run_config(found.run_config, job.spec.location_keys)
+                differing = differences({"run_config": embedded}, {"run_config": job.identity["run_config"]})
+            if not differing:
+                note = "" if found.identity is not None else (
+                    " (written before the runner recorded identity: its run config matches; its code, engine "
+                    "and environment cannot be checked)")
+                progress(f"[{job.name}] reused {str(job.result)!r}{note}")
+                continue
+        if recompute:
+            progress(f"[{job.name}] recomputing {str(job.result)!r}: " + "; ".join(differing))
+            to_run.append(job)
+        else:
+            refused.append(f"{str(job.result)!r} was computed with other settings: " + "; ".join(differing))
+    if refused:
+        raise ValueError("refusing to run: " + "\n  ".join(["", *refused])
+                         + "\n(recompute=True, or --recompute, runs them again and replaces those files)")
+    return to_run
+
+
+def claim_staging(job: PreparedRun, progress: Progress) -> bool:
+    """Make ``job``'s staging folder its own; ``True`` when it continues a stopped run of its identity."""
+    identity = json.loads(json.dumps(job.identity))
+    if job.staging.exists():
+        try:
+            saved = json.loads((job.staging / "identity.json").read_text())
+        except (OSError, ValueError):
+            saved = None
+        if saved == identity and job.resumable:
+            progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
+            return True
+        why = "the app cannot resume" if saved == identity else "it holds a run with another identity"
+        progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
+        shutil.rmtree(job.staging)
+    job.staging.mkdir(parents=True)
+    (job.staging / "identity.json").write_text(json.dumps(identity, indent=1, sort_keys=True))
+    return False
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in ``os.environ`` while a run's process starts (a spawned process copies it)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class _Board:
+    """Progress of a sweep's runs: ``[name] round r/R, ETA ...`` for the run and the sweep."""
+
+    def __init__(self, jobs: list[PreparedRun], progress: Progress) -> None:
+        self.progress, self.start = progress, time.monotonic()
+        self.total = {job.name: job.num_rounds for job in jobs}
+        self.done: dict[str, int] = {}
+        self.first: dict[str, tuple[int, float]] = {}  # name -> (first round seen, when)
+        self.finished: set[str] = set()
+        self.rounds_seen = 0
+
+    def round(self, name: str, rnd: int) -> None:
+        if rnd <= self.done.get(name, 0):
+            return
+        now = time.monotonic()
+        self.first.setdefault(name, (rnd, now))
+        self.rounds_seen += 1
+        self.done[name] = rnd
+        total = self.total[name]
+        line = f"[{name}] round {rnd}" + (f"/{total}" if total else "")
+        first, since = self.first[name]
+        if total and rnd > first:
+            line += f", ETA {_duration((total - rnd) * (now - since) / (rnd - first))}"
+        left = sum((t or 1) - self.done.get(n, 0) for n, t in self.total.items() if n not in self.finished)
+        rate = self.rounds_seen / max(now - self.start, 1e-9)
+        line += f" (sweep: {len(self.finished)} of {len(self.total)} runs done"
+        line += f", ETA {_duration(left / rate)})" if self.rounds_seen > len(self.first) else ")"
+        self.progress(line)
+
+    def finish(self, name: str) -> None:
+        self.finished.add(name)
+        self.progress(f"[{name}] done ({len(self.finished)} of {len(self.total)} runs of the sweep)")
+
+
+def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str:
+    """What to tell of a run that failed: its error and first client error, or how its process ended.
+
+    A process that ended before reporting: the end of its log; its staging
+    folder is removed when it exited with an error, kept (to continue) when
+    a signal stopped it.
+    """
+    if event is None:
+        try:
+            log = (job.staging / "log").read_text()[-3000:]
+        except OSError:
+            log = "(no log)"
+        if exitcode is not None and exitcode > 0:
+            shutil.rmtree(job.staging, ignore_errors=True)
+        how = f"exit code {exitcode}" if exitcode is None or exitcode >= 0 else f"signal {-exitcode}"
+        return f"[{job.name}] its process ended ({how}) before reporting; the end of its log:\n{log}"
+    _, error, detail, client_error = event
+    text = f"[{job.name}] failed: {error}\n{detail.rstrip()}"
+    if client_error:
+        text += f"\n[{job.name}] the first client error:\n{client_error.rstrip()}"
+    return text
+
+
+def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) -> None:
+    """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed.
+
+    A job claims its staging folder (:func:`claim_staging`) as its process
+    starts: a sweep that stops early leaves none for runs it never started.
+    """
+    from .worker import run_process
+
+    context = multiprocessing.get_context("spawn")
+    queue, board = list(jobs), _Board(jobs, progress)
+    running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
+    failure: str | None = None
+    outcome: dict[str, tuple | None] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < max(1, parallel) and failure is None:
+                job = queue.pop(0)
+                resuming = claim_staging(job, progress)
+                receiver, sender = context.Pipe(duplex=False)
+                with _environment(dict(job.spec.env)):
+                    started: BaseProcess = context.Process(
+                        target=run_process, name=f"lips-flwr run {job.name}",
+                        args=(job, resuming, sender, os.getpid()))
+                    started.start()
+                sender.close()
+                running[receiver] = (job, started)
+                outcome[job.name] = None
+                progress(f"[{job.name}] started ({job.identity['engine']}, pid {started.pid})")
+            if not running:
+                break
+            for ready in wait(list(running), timeout=5.0):
+                assert isinstance(ready, Connection)
+                job, process = running[ready]
+                try:
+                    while ready.poll():
+                        event = ready.recv()
+                        if event[0] == "round":
+                            board.round(job.name, event[1])
+                        else:
+                            outcome[job.name] = event
+                except (EOFError, OSError):  # the process has ended: collect it
+                    process.join()
+                    del running[ready]
+                    event = outcome[job.name]
+                    if event is not None and event[0] == "done" and process.exitcode == 0:
+                        board.finish(job.name)
+                    elif failure is None:
+                        failure = _failure(job, event if event and event[0] == "failed" else None,
+                                           process.exitcode)
+                        progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+    except BaseException:
+        for _job, process in running.values():  # stopped: each leaves its staging to resume
+            process.terminate()
+        for _job, process in running.values():
+            process.join(10)
+        raise
+    if failure is not None:
+        raise SweepFailed(failure)
+
+
+def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recompute: bool = False,
+              progress: Progress = print, flwr_timeout: float = 3600.0) -> list[Path]:
+    """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
+
+    ``ValueError`` before anything runs (an unknown run-config key, a managed
+    key overridden, a result file of other settings, two specs of one name,
+    another sweep in ``out``); :class:`SweepFailed` when a run failed.
+    """
+    specs = list(specs)
+    out = Path(out).resolve()
+    _duplicates(specs)
+    with SweepLock(out):
+        prepared = [prepare(spec, out) for spec in specs]
+        to_run = plan(prepared, recompute, progress)
+        prune_staging(out, {job.name for job in to_run}, log=progress)
+        try:
+            flwr = [job for job in to_run if job.identity["engine"] == "flwr"]
+            if flwr:
+                from .flwr_runs import flower_for, run_with_flwr
+
+                with flower_for(out, sorted({job.app.folder for job in flwr})) as flower:
+                    for job in flwr:
+                        claim_staging(job, progress)
+                        try:
+                            run_with_flwr(job, flower, flwr_timeout, progress)
+                        except Exception as err:
+                            shutil.rmtree(job.staging, ignore_errors=True)
+                            raise SweepFailed(str(err)) from err
+                        shutil.rmtree(job.staging, ignore_errors=True)
+            batched = [job for job in to_run if job.identity["engine"] != "flwr"]
+            run_processes(batched, jobs, progress)
+        finally:
+            remove_empty(out / STAGING)
+    return [job.result for job in prepared]
+
+
+__all__ = ["SweepFailed", "claim_staging", "plan", "run_processes", "run_sweep"]

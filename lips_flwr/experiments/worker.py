@@ -1,0 +1,152 @@
+"""One run on the batched Grid, in a process of its own: what the sweep's run processes execute.
+
+:func:`run_process` is the entry of a fresh process (``multiprocessing``
+spawn): its output goes to the run's log in the staging folder, progress
+and the outcome go to the sweep through a pipe. The app is imported in this
+process (inside ``forced_options(tau0=0.0)`` for a LIPS-off arm, so that a
+LIPS strategy built at import time is forced too), so no module state of one
+run (an app's caches, ``torch.set_num_threads``, a module-level strategy)
+reaches another. The process dies with the sweep (Linux: ``PR_SET_PDEATHSIG``).
+
+A run that fails (an exception, ``SystemExit`` included) sends its error and
+the first client error, and removes its staging folder; a signal leaves the
+folder for a later sweep to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .observe import RunObserver
+from .provenance import now_utc, provenance
+from .results import write_json_atomic
+from .runs import LIPS_OFF, PreparedRun
+from .store import write_result
+
+SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
+
+
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the sweep's process dies (Linux); exit at once if it already has."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _redirect_output(log: Path) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``log``."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _app_record(job: PreparedRun) -> dict[str, Any] | None:
+    """The app's own results JSON (its results-path in the staging folder), if it wrote one."""
+    path = job.run_config.get("results-path")
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        print(f"runner: the app wrote no readable results file at {path!r}", flush=True)
+        return None
+
+
+def _segments(job: PreparedRun, resuming: bool, started: str) -> list[dict[str, Any]]:
+    """The provenance of the earlier processes of a resumed run; this one's is added for a later one.
+
+    A process that was stopped never learnt its wall time: its ``wall_seconds`` is ``None``.
+    """
+    path = job.staging / SEGMENTS
+    earlier: list[dict[str, Any]] = []
+    if resuming:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            earlier = list(json.loads(path.read_text())["segments"])
+    mine = provenance(job.identity["engine"], started, None, **_extra(job))
+    write_json_atomic(path, {"segments": [*earlier, mine]})
+    return earlier
+
+
+def _extra(job: PreparedRun) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if job.locations:
+        extra["locations"] = job.locations
+    if job.spec.chunk_size is not None:
+        extra["chunk_size"] = job.spec.chunk_size
+    return extra
+
+
+def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
+    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
+    from ..strategies import forced_options
+    from .apps import import_components
+    from .batched import run_batched
+
+    started, start = now_utc(), time.perf_counter()
+    earlier = _segments(job, resuming, started)
+    if resuming:
+        observer.resume_from(job.staging)
+    forcing = forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext()
+    with forcing:
+        server_app, client_app = import_components(job.app)
+        run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
+                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=observer,
+                    seed=job.spec.seed)
+    observer.check(job.spec.require_evaluate)
+    record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
+    if earlier:
+        record["earlier_segments"] = earlier
+    write_result(job.result, job.identity, record, {**observer.record(), "first_error": observer.first_error},
+                 _app_record(job))
+
+
+def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int) -> None:
+    """The entry of a run's process (see the module docstring)."""
+    _die_with_parent(parent)
+    _redirect_output(job.staging / "log")
+
+    def send(event: tuple) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(event)
+
+    observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: send(("round", r)))
+    try:
+        execute(job, resuming, observer)
+    except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
+        _exit(130)
+    except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
+        detail = "".join(traceback.format_exception(err))[-4000:]
+        send(("failed", f"{type(err).__name__}: {err}", detail, observer.first_error))
+        conn.close()
+        shutil.rmtree(job.staging, ignore_errors=True)
+        _exit(1)
+    shutil.rmtree(job.staging, ignore_errors=True)
+    send(("done",))
+    conn.close()
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """End the process now, output flushed (not waiting for the app's threads or atexit hooks)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+__all__ = ["execute", "run_process"]

@@ -1,0 +1,158 @@
+"""``lips-flwr compare``: endpoint, paired test and verdict, inertia verdict, environments, the CLI.
+
+Most tests build result files by hand (what the runner writes); the CLI ones
+run the tiny numpy app of ``runner_apps.py`` on the batched Grid.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from runner_apps import make_app  # noqa: E402
+
+from lips_flwr.experiments import cli  # noqa: E402
+from lips_flwr.experiments.compare import Comparison, default_metric, summarize  # noqa: E402
+from lips_flwr.experiments.provenance import provenance  # noqa: E402
+from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
+from lips_flwr.experiments.store import read_result, write_result  # noqa: E402
+
+LAYERS = {"all": ["first.weight", "mid.weight", "last.weight"], "middle": ["mid.weight"]}
+
+
+def observed(accs: list[float], steps: dict[str, list[float]] | None = None,
+             keys=("loss", "acc", "n")) -> dict:
+    rounds = {}
+    for r, acc in enumerate(accs, start=1):
+        entry = {"train": {"metrics": {"loss": 1.0}, "replies": 3, "errors": 0},
+                 "evaluate": {"metrics": {"loss": 1 - acc, "acc": acc, "n": 3.0}, "replies": 3, "errors": 0}}
+        if steps:
+            entry["relative_step"] = {layer: s[r - 1] for layer, s in steps.items()}
+        rounds[str(r)] = entry
+    return {"rounds": rounds, "layers": LAYERS, "evaluate_keys": list(keys), "first_round": 1}
+
+
+def write_runs(folder: Path, a: dict[int, list[float]], b: dict[int, list[float]], env_b: dict | None = None,
+               steps: dict[str, list[float]] | None = None) -> dict:
+    results = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    for arm, curves in (("a", a), ("b", b)):
+        for seed, accs in curves.items():
+            path = folder / f"{arm}-seed{seed}.json"
+            record = provenance("sequential", "t", 1.0)
+            if arm == "b" and env_b:
+                record.update(env_b)
+            write_result(path, {"engine": "sequential", "seed": seed}, record, observed(accs, steps), None)
+            results[f"{arm}-seed{seed}"] = read_result(path)
+    return results
+
+
+def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_is_tested(tmp_path):
+    a = {1: [0.1, 0.5, 0.6], 2: [0.1, 0.4, 0.5], 3: [0.2, 0.6, 0.6]}
+    b = {1: [0.1, 0.6, 0.7], 2: [0.1, 0.5, 0.62], 3: [0.2, 0.7, 0.74]}
+    results = write_runs(tmp_path, a, b)
+    summary = summarize(Comparison(tmp_path, (1, 2, 3), last=2), results)
+    assert summary["metric"] == "acc" and summary["last"] == 2  # the first evaluate key with "acc"
+    assert summary["endpoint_a"] == pytest.approx([0.55, 0.45, 0.6])
+    assert summary["endpoint_b"] == pytest.approx([0.65, 0.56, 0.72])
+    test = paired([0.1, 0.11, 0.12])
+    assert summary["diff_mean"] == pytest.approx(0.11) and summary["ci95"] == pytest.approx(
+        [test["ci_low"], test["ci_high"]])
+    assert summary["p_t"] == pytest.approx(test["p_t"]) and summary["p_sign"] == pytest.approx(0.25)
+    assert summary["verdict"] == verdict(test, test["p_t"]) == "supported"
+    assert summarize(Comparison(tmp_path, (1, 2, 3)), results)["last"] == 3  # min(10, rounds)
+    assert summary["environments"] == [{"seed": s, "same": True, "differing": []} for s in (1, 2, 3)]
+    assert summary["error_replies"] == {}
+    assert json.loads(json.dumps(summary)) == summary  # plain JSON
+
+
+def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
+    results = write_runs(tmp_path, {1: [0.5, 0.6]}, {1: [0.5, 0.7]})
+    summary = summarize(Comparison(tmp_path, (1,)), results)
+    assert summary["verdict"] == "no test (one seed)" and summary["ci95"] is None and summary["n"] == 1
+    with pytest.raises(ValueError, match="--last 3: the runs have 2 evaluated rounds"):
+        summarize(Comparison(tmp_path, (1,), last=3), results)
+    with pytest.raises(ValueError, match=r"metric 'f1' is in no round"):
+        summarize(Comparison(tmp_path, (1,), metric="f1"), results)
+    path = tmp_path / "x.json"
+    write_result(path, {}, {}, observed([0.5], keys=("loss", "n")), None)
+    with pytest.raises(ValueError, match=r"has 'acc' in its name \(the clients report \['loss', 'n'\]\)"):
+        default_metric(read_result(path))
+
+
+def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    a = {1: [0.5, 0.6], 2: [0.5, 0.61]}
+    b = {1: [0.5, 0.62], 2: [0.5, 0.6]}
+    results = write_runs(tmp_path, a, b, env_b={"torch": "0.0-other", "threads": {"torch": 64}})
+    comparison = Comparison(tmp_path, (1, 2), last=1)
+    summary = summarize(comparison, results)
+    assert summary["environments"][0] == {"seed": 1, "same": False, "differing": ["torch", "threads"]}
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "Not every seed's two runs ran in one environment" in text
+    assert "- seed 1: different: torch, threads" in text
+    assert "**Verdict: no effect detected**" in text and "| 1 | 0.6000 | 0.6200 | +0.0200 |" in text
+    assert "A: the app with LIPS off" in text
+    for name in ("curves.png", "inertia.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    same = write_runs(tmp_path / "same", a, b)
+    write_report(comparison, summarize(comparison, same), same, tmp_path / "same")
+    assert "Each seed's two runs ran in one environment" in (tmp_path / "same" / "report.md").read_text()
+
+
+def test_arm_as_inertia_verdict_follows_the_protocols_rule(tmp_path):
+    rounds = 20
+    slow_middle = {"first.weight": [0.1] * 6 + [0.05] * 14, "mid.weight": [0.1] * 6 + [0.005] * 14,
+                   "last.weight": [0.1] * 6 + [0.05] * 14}
+    accs = [0.5] * rounds
+    results = write_runs(tmp_path, {s: accs for s in (1, 2)}, {s: accs for s in (1, 2)}, steps=slow_middle)
+    inertia = summarize(Comparison(tmp_path, (1, 2)), results)["inertia_a"]
+    assert inertia["verdict"] == "arises" and inertia["arises_in"] == 2
+    assert inertia["middle"] == pytest.approx(0.05) and inertia["edges"] == pytest.approx(0.5)
+    together = {k: [0.1] * 6 + [0.01] * 14 for k in slow_middle}
+    results = write_runs(tmp_path / "t", {1: accs, 2: accs}, {1: accs, 2: accs}, steps=together)
+    assert summarize(Comparison(tmp_path, (1, 2)), results)["inertia_a"]["verdict"] == "does not arise"
+    eight = {k: v[:8] for k, v in together.items()}
+    short = write_runs(tmp_path / "s", {1: accs[:8]}, {1: accs[:8]}, steps=eight)
+    assert summarize(Comparison(tmp_path, (1,)), short)["inertia_a"]["verdict"] == "not measured"
+
+
+def test_arms_are_lips_off_by_default_and_overrides_otherwise(tmp_path):
+    specs = Comparison(tmp_path, (5, 6), run_config={"lr": 0.1}).specs()
+    assert [s.name for s in specs] == ["a-seed5", "b-seed5", "a-seed6", "b-seed6"]
+    assert [s.lips_off for s in specs] == [True, False, True, False]
+    assert all(s.overrides == {"lr": 0.1} and s.require_evaluate for s in specs)
+    custom = Comparison(tmp_path, (5,), a={"tau0": 0.0}, b={"tau0": 0.7}).specs()
+    assert [(s.lips_off, dict(s.overrides)) for s in custom] == [(False, {"tau0": 0.0}),
+                                                                 (False, {"tau0": 0.7})]
+    with pytest.raises(ValueError, match="engine auto, sequential or stacked"):
+        Comparison(tmp_path, (5,), engine="flwr").specs()
+    with pytest.raises(ValueError, match="distinct"):
+        Comparison(tmp_path, (5, 5)).specs()
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_the_command_asks_for_the_extras_it_lacks(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "missing_extras", lambda: ["matplotlib"])
+    assert cli.main(["compare", str(tmp_path), "--seeds", "1", "--out", str(tmp_path / "o")]) == 2
+    assert 'pip install "lips-flwr[examples]"' in capsys.readouterr().err
+
+
+def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # (the command asks for its extras first)
+    app = make_app(tmp_path / "app", fail=True)
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "a run failed" in err
+    assert "RuntimeError: tiny app: this ClientApp fails on every call" in err
+    assert not (tmp_path / "out" / "summary.json").exists()

@@ -1,0 +1,259 @@
+"""The one experiment runner: what the Grid shows it, what it reuses or refuses, whole sweeps of a tiny app.
+
+The sweeps run real processes (``spawn``) of a numpy-only Flower App
+(``runner_apps.py``) on the batched Grid, a few rounds each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flower_fakes import task_identity  # noqa: F401
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from runner_apps import make_app
+
+from lips_flwr.experiments.observe import RunFailed, RunObserver, weighted_means
+from lips_flwr.experiments.runs import RunSpec, prepare
+from lips_flwr.experiments.store import read_result, write_result
+from lips_flwr.experiments.sweep import SweepFailed, plan, run_sweep
+
+# --------------------------------------------------------------------------- the observer
+
+
+def instruction(kind: str, rnd: int, node: int, arrays: dict | None = None) -> Message:
+    content = RecordDict({"config": ConfigRecord({"server-round": rnd})})
+    if arrays is not None:
+        content["arrays"] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    msg = Message(content, dst_node_id=node, message_type=kind)
+    msg.metadata.__dict__["_message_id"] = f"{kind}-{rnd}-{node}"
+    return msg
+
+
+def reply(to: Message, metrics: dict | None) -> Message:
+    if metrics is None:
+        out = Message(Error(code=2, reason=f"client {to.metadata.dst_node_id} failed"), reply_to=to)
+    else:
+        out = Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=to)
+    out.metadata.__dict__["_src_node_id"] = to.metadata.dst_node_id
+    return out
+
+
+MODEL = {"first.weight": np.ones((2, 3), np.float32), "mid.weight": np.full((3, 3), 2.0, np.float32),
+         "last.weight": np.ones((3, 2), np.float32), "last.bias": np.zeros(2, np.float32)}
+
+
+def test_metrics_are_averaged_with_num_examples_weights():
+    out = weighted_means([{"acc": 0.5, "num-examples": 10}, {"acc": 1.0, "num-examples": 30, "x": 2.0}])
+    assert out["weighting"] == "num-examples"
+    assert out["metrics"] == {"acc": pytest.approx(0.875), "num-examples": 40, "x": 2.0}
+    assert weighted_means([{"acc": 0.5}, {"acc": 1.0}])["metrics"]["acc"] == 0.75  # no weights: plain mean
+
+
+def test_the_observer_keeps_each_rounds_metrics_and_each_layers_relative_step(tmp_path, task_identity):  # noqa: F811
+    observer = RunObserver(tmp_path, keep_model=True)
+    seen = []
+    observer.on_round = seen.append
+    train = [instruction("train", 1, n, MODEL) for n in (1001, 1000)]
+    observer.pushed(train)
+    observer.replied([reply(train[1], {"loss": 1.0, "num-examples": 10}), reply(train[0], None)])
+    moved = {**MODEL, "mid.weight": MODEL["mid.weight"] * 1.5}
+    evaluate = [instruction("evaluate", 1, n, moved) for n in (1000, 1001)]
+    observer.pushed(evaluate)
+    observer.replied([reply(evaluate[0], {"zeta": 1.0, "accuracy": 0.5, "num-examples": 1}),
+                      reply(evaluate[1], {"zeta": 3.0, "accuracy": 0.9, "num-examples": 3})])
+    rnd = observer.record()["rounds"]["1"]
+    assert rnd["train"] == {"weighting": "num-examples", "metrics": {"loss": 1.0, "num-examples": 10.0},
+                            "replies": 2, "errors": 1, "missing": 0}
+    assert rnd["evaluate"]["metrics"]["accuracy"] == pytest.approx(0.8)
+    assert rnd["relative_step"] == {"first.weight": 0.0, "mid.weight": pytest.approx(0.5), "last.weight": 0.0}
+    assert observer.record()["layers"] == {"all": ["first.weight", "mid.weight", "last.weight"],
+                                           "middle": ["mid.weight"]}
+    assert observer.evaluate_keys == ["zeta", "accuracy", "num-examples"]  # the lowest node's, in its order
+    assert observer.first_error == "client 1001 failed" and seen == [1]
+    with np.load(tmp_path / "last-global.npz") as saved:
+        assert int(saved["__round__"]) == 1 and np.array_equal(saved["mid.weight"], moved["mid.weight"])
+
+
+def test_a_round_whose_replies_are_all_errors_fails_the_run(task_identity):  # noqa: F811
+    observer = RunObserver()
+    train = [instruction("train", 1, n, MODEL) for n in (1000, 1001)]
+    observer.pushed(train)
+    with pytest.raises(RunFailed, match="round 1: every train instruction got an error reply"):
+        observer.replied([reply(m, None) for m in train])
+    late = RunObserver()  # the legacy API delivers node by node: found at the end
+    for msg in train:
+        late.pushed([msg])
+    for msg in train:
+        late.replied([reply(msg, None)])
+    with pytest.raises(RunFailed, match="round 1: no client trained"):
+        late.check(require_evaluate=False)
+    quiet = RunObserver()
+    quiet.pushed(train)
+    quiet.replied([reply(m, {"loss": 1.0}) for m in train])
+    quiet.check(require_evaluate=False)
+    with pytest.raises(RunFailed, match="no round was evaluated"):
+        quiet.check(require_evaluate=True)
+
+
+def test_a_resumed_run_keeps_its_earlier_rounds_and_its_first_step(tmp_path, task_identity):  # noqa: F811
+    first = RunObserver(tmp_path, keep_model=True)
+    for rnd, scale in ((1, 1.0), (2, 2.0)):
+        model = {**MODEL, "mid.weight": MODEL["mid.weight"] * scale}
+        train = [instruction("train", rnd, 1000, model)]
+        first.pushed(train)
+        first.replied([reply(train[0], {"loss": float(rnd), "num-examples": 1})])
+    first.pushed([instruction("train", 3, 1000, {**MODEL, "mid.weight": MODEL["mid.weight"] * 4.0})])
+    # killed here, during round 3; the checkpoint is round 2's: the resumed run starts at round 3
+    again = RunObserver(tmp_path, keep_model=True)
+    again.resume_from(tmp_path)
+    train = [instruction("train", 3, 1000, {**MODEL, "mid.weight": MODEL["mid.weight"] * 4.0})]
+    again.pushed(train)
+    again.replied([reply(train[0], {"loss": 3.0, "num-examples": 1})])
+    rounds = again.record()["rounds"]
+    assert sorted(rounds) == ["1", "2", "3"] and rounds["1"]["train"]["metrics"]["loss"] == 1.0
+    assert rounds["1"]["relative_step"]["mid.weight"] == pytest.approx(1.0)  # w_1 / w_0: x2
+    assert rounds["2"]["relative_step"]["mid.weight"] == pytest.approx(1.0)  # w_2 / w_1, seen before the stop
+    assert again.first_round == 3
+
+
+# --------------------------------------------------------------------------- reuse, refuse, recompute
+
+
+def spec(app: Path, name: str = "run", seed: int = 0, **kwargs) -> RunSpec:
+    return RunSpec(app, name, seed, num_nodes=3, engine="sequential", **kwargs)
+
+
+def finished(out: Path, job) -> None:
+    write_result(job.result, job.identity, {"python": "3"}, {"rounds": {}}, None)
+
+
+def test_a_result_of_the_same_identity_is_reused_and_one_of_another_refused(tmp_path):
+    app = make_app(tmp_path / "app")
+    out = tmp_path / "out"
+    job = prepare(spec(app, overrides={"tau0": 0.3}), out)
+    finished(out, job)
+    logged: list[str] = []
+    assert plan([job], recompute=False, progress=logged.append) == []
+    assert "reused" in logged[0]
+    other = prepare(spec(app, overrides={"tau0": 0.5}), out)
+    with pytest.raises(ValueError, match=r"(?s)refusing to run.*run_config\.tau0: file 0\.3, now 0\.5"):
+        plan([other], recompute=False, progress=logged.append)
+    assert plan([other], recompute=True, progress=logged.append) == [other]
+    assert "recomputing" in logged[-1]
+    forced = prepare(spec(app, overrides={"tau0": 0.3}, lips_off=True), out)
+    with pytest.raises(ValueError, match=r"lips_forced\.tau0: file \(none\), now 0\.0"):
+        plan([forced], recompute=False, progress=logged.append)
+    seeded = prepare(spec(app, seed=7, overrides={"tau0": 0.3}), out)
+    with pytest.raises(ValueError, match="seed: file 0, now 7"):
+        plan([seeded], recompute=False, progress=logged.append)
+
+
+def test_a_file_of_an_earlier_session_is_compared_by_its_run_config(tmp_path):
+    app = make_app(tmp_path / "app", resumable=True)
+    out = tmp_path / "out"
+    job = prepare(spec(app), out)
+    old = {"run_config": {**job.identity["run_config"], "checkpoint-path": "/old/x.npz", "resume": "auto"},
+           "rounds": {}, "summary": {}}
+    job.result.parent.mkdir(parents=True)
+    job.result.write_text(json.dumps(old))
+    logged: list[str] = []
+    assert plan([job], recompute=False, progress=logged.append) == []
+    assert "its code, engine and environment cannot be checked" in logged[0]
+    old["run_config"]["lr"] = 0.9
+    job.result.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"run_config\.lr: file 0\.9, now 0\.3"):
+        plan([job], recompute=False, progress=logged.append)
+
+
+def test_runner_managed_keys_and_duplicate_names_are_errors_before_anything_runs(tmp_path):
+    app = make_app(tmp_path / "app", resumable=True)
+    with pytest.raises(ValueError, match=r"\['checkpoint-path'\] are managed by the runner"):
+        prepare(spec(app, overrides={"checkpoint-path": "/tmp/x.npz"}), tmp_path / "out")
+    with pytest.raises(ValueError, match="unknown run-config keys"):
+        prepare(spec(app, overrides={"nope": 1}), tmp_path / "out")
+    twice = [spec(app, "same"), spec(make_app(tmp_path / "other"), "same")]
+    with pytest.raises(ValueError, match="two runs of one sweep would write one result file: 'same'"):
+        run_sweep(twice, tmp_path / "out", progress=lambda line: None)
+    assert not (tmp_path / "out" / ".staging").exists()
+
+
+def test_managed_keys_point_into_the_staging_folder_and_stay_out_of_the_identity(tmp_path):
+    app = make_app(tmp_path / "app", resumable=True, results=True)
+    job = prepare(spec(app, "conf/lips-seed3", seed=3, location_keys=("lr",)), tmp_path / "out")
+    staging = tmp_path / "out" / ".staging" / "conf" / "lips-seed3"
+    assert job.staging == staging and job.result == tmp_path / "out" / "conf" / "lips-seed3.json"
+    assert job.run_config["checkpoint-path"] == str(staging / "checkpoint.npz")
+    assert job.run_config["resume"] == "auto" and job.resumable
+    assert set(job.identity["run_config"]) == {"num-server-rounds", "tau0", "sleep"}  # lr: a location key
+    assert job.identity["engine"] == "sequential" and job.identity["num_nodes"] == 3 and job.num_rounds == 3
+    assert job.locations == {"lr": 0.3}
+
+
+# --------------------------------------------------------------------------- whole sweeps
+
+
+def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path):
+    app = make_app(tmp_path / "app", lips=True, resumable=True, results=True)
+    out = tmp_path / "out"
+    lines: list[str] = []
+    blas = {"OPENBLAS_NUM_THREADS": "1"}  # a run's own environment, set before its imports
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    specs = [spec(app, f"{arm}-seed5", seed=5, lips_off=arm == "a", env=blas if arm == "a" else {})
+             for arm in ("a", "b")]
+    paths = run_sweep(specs, out, jobs=2, progress=lines.append)
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == before  # the sweep's own is left as it was
+    assert sorted(p.name for p in out.iterdir()) == ["a-seed5.json", "b-seed5.json"]  # no staging, no lock
+    a, b = (read_result(p) for p in paths)
+    assert a.identity["lips_forced"] == {"tau0": 0.0} and b.identity["lips_forced"] == {}
+    assert a.provenance["engine"] == "sequential" and a.provenance["wall_seconds"] > 0
+    assert a.provenance["numpy"] == np.__version__ and a.provenance["started"].endswith("+00:00")
+    assert a.provenance["threads"]["OPENBLAS_NUM_THREADS"] == "1"
+    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == before
+    assert sorted(a.observed["rounds"]) == ["1", "2", "3"]
+    assert a.observed["rounds"]["1"]["train"]["replies"] == 3 and a.observed["evaluate_keys"][:2] == [
+        "loss", "accuracy"]
+    assert a.app["rounds"] == 3 and a.app["run_config"]["results-path"].endswith("a-seed5/app-results.json")
+    # LIPS masks after round 1 in arm B only: its middle layer jumps
+    step_a = a.observed["rounds"]["1"]["relative_step"]["mid.weight"]
+    step_b = b.observed["rounds"]["1"]["relative_step"]["mid.weight"]
+    assert step_b > step_a
+    assert any("round 3/3" in line for line in lines) and any("ETA" in line for line in lines)
+    again: list[str] = []
+    run_sweep(specs, out, jobs=1, progress=again.append)
+    assert again == [f"[{s.name}] reused {str(out / (s.name + '.json'))!r}" for s in specs]
+
+
+def test_the_same_sweep_gives_the_same_numbers_whatever_the_jobs(tmp_path):
+    app = make_app(tmp_path / "app")
+    specs = [spec(app, f"seed{s}", seed=s) for s in (1, 2)]
+    one = [read_result(p).observed["rounds"] for p in run_sweep(specs, tmp_path / "one", jobs=1,
+                                                                  progress=lambda line: None)]
+    two = [read_result(p).observed["rounds"] for p in run_sweep(specs, tmp_path / "two", jobs=2,
+                                                                  progress=lambda line: None)]
+    assert one == two and one[0] != one[1]  # the app never seeds: the runner's seeds decide
+
+
+def test_a_failing_app_stops_the_sweep_with_its_clients_first_error(tmp_path):
+    app = make_app(tmp_path / "app", fail=True)
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "broken")], tmp_path / "out", progress=lambda line: None)
+    assert "RunFailed: round 1: every train instruction got an error reply" in str(err.value)
+    assert "RuntimeError: tiny app: this ClientApp fails on every call" in str(err.value)  # a client's
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
+
+
+def test_a_run_process_that_ends_without_a_word_fails_the_sweep_with_its_log(tmp_path):
+    """A process that exits at the app's import (``os._exit``): its log's end in the error, no staging."""
+    app = make_app(tmp_path / "app")
+    client = app / "tinyapp" / "client_app.py"
+    leave = "import os\nprint('tiny app: leaving at import', flush=True)\nos._exit(3)\n"
+    client.write_text(leave + client.read_text())
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "gone")], tmp_path / "out", progress=lambda line: None)
+    assert "[gone] its process ended (exit code 3) before reporting" in str(err.value)
+    assert "tiny app: leaving at import" in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
