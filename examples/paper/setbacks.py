@@ -26,9 +26,9 @@ APP = Path(__file__).resolve().parent
 sys.path.insert(0, str(APP))
 from prereg import OUT, load_folder, series  # noqa: E402
 from provenance import provenance  # noqa: E402
-from stats import paired  # noqa: E402
 
 from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
+from lips_flwr.experiments.stats import paired  # noqa: E402
 
 THRESHOLD = 0.10  # the primary set-back: a fall of at least 10 points
 SECONDARY_THRESHOLD = 0.05
