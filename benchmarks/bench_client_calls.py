@@ -44,7 +44,7 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     stacked one, the Rendezvous leader's gathered calls (``_execute``).
     """
     sys.path.insert(0, str(Path.cwd() / "examples" / "paper"))
-    from lips_flwr.experiments.apps import load_app, resolve_run_config
+    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 

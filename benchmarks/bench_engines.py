@@ -68,7 +68,7 @@ APP = ROOT / "examples" / "paper"
 
 def run_config(values: dict) -> dict:
     """The paper app's run config for ``values``, as ``flwr run`` resolves it (its defaults fused)."""
-    from lips_flwr.experiments.apps import load_app, resolve_run_config
+    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
 
     return resolve_run_config(load_app(APP), values)
 CONF = APP / "conf" / "fashion-mnist-quick.toml"
@@ -395,7 +395,7 @@ class TreeSampler(threading.Thread):
 
 def run_flwr(w: dict, tmp: Path, tag: str, timeout: float) -> dict:
     """One ``flwr run`` on a fresh local SuperLink; end-to-end wall, round walls, peak tree memory."""
-    from lips_flwr.experiments.flwr_runs import run_config_string
+    from lips_flwr.experiments.runner.flwr_runs import run_config_string
     from lips_flwr.experiments.local_flower import first_error, local_flower
 
     results = tmp / f"{tag}.json"

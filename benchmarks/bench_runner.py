@@ -5,7 +5,7 @@
 ``fashion-cnn``, 2 local epochs; ``--rounds`` rounds, sequential engine), two
 ways, interleaved with a rotating order (``--reps``):
 
-- ``runner``: :func:`lips_flwr.experiments.sweep.run_sweep` of that one run
+- ``runner``: :func:`lips_flwr.experiments.runner.sweep.run_sweep` of that one run
   into a fresh folder, timed around the call in this process: the run's
   process start (``spawn``), the spec's resolution (app and code digests),
   its staging folder, the run with the runner's observer, the checkpoint and
@@ -56,7 +56,7 @@ SEEDS = tuple(range(1000, 1006))
 
 def quick_config(rounds: int) -> tuple[dict, int]:
     """The main job's run-config overrides at ``rounds`` rounds, and its node count."""
-    from lips_flwr.experiments.apps import num_supernodes, parse_overrides
+    from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides
 
     values, federation = parse_overrides([str(CONF), f"num-server-rounds={rounds}"])
     return values, num_supernodes(federation)
@@ -65,7 +65,7 @@ def quick_config(rounds: int) -> tuple[dict, int]:
 def floor_child(spec_path: str) -> None:
     """The floor's process: the run through plain ``run_batched``, nothing else."""
     spec = json.loads(Path(spec_path).read_text())
-    from lips_flwr.experiments.apps import import_components, load_app, resolve_run_config
+    from lips_flwr.experiments.runner.apps import import_components, load_app, resolve_run_config
     from lips_flwr.experiments.batched import run_batched
 
     app = load_app(APP)
@@ -91,8 +91,8 @@ def run_floor(values: dict, nodes: int, seed: int, folder: Path) -> float:
 
 
 def run_runner(values: dict, nodes: int, seed: int, folder: Path) -> float:
-    from lips_flwr.experiments.runs import RunSpec
-    from lips_flwr.experiments.sweep import run_sweep
+    from lips_flwr.experiments.runner.runs import RunSpec
+    from lips_flwr.experiments.runner.sweep import run_sweep
 
     spec = RunSpec(APP, "run", seed, values, num_nodes=nodes, engine="sequential")
     start = time.perf_counter()
@@ -101,7 +101,7 @@ def run_runner(values: dict, nodes: int, seed: int, folder: Path) -> float:
 
 
 def part_a(rounds: int, reps: int, work: Path) -> list[list[str]]:
-    import lips_flwr.experiments.sweep  # noqa: F401 - the sweep's own imports, once per sweep, not per run
+    import lips_flwr.experiments.runner.sweep  # noqa: F401 - the sweep's own imports, once per sweep, not per run
 
     values, nodes = quick_config(rounds)
     variants = {"runner": run_runner, "floor": run_floor}
@@ -123,7 +123,7 @@ def part_a(rounds: int, reps: int, work: Path) -> list[list[str]]:
 
 def part_b(rounds: int, reps: int, work: Path) -> list[list[str]]:
     from lips_flwr.experiments.compare import Comparison
-    from lips_flwr.experiments.sweep import run_sweep
+    from lips_flwr.experiments.runner.sweep import run_sweep
 
     values, nodes = quick_config(rounds)
     specs = Comparison(APP, SEEDS, run_config=values, num_nodes=nodes, engine="sequential").specs()

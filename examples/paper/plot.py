@@ -1,6 +1,6 @@
 """Accuracy curves per algorithm (mean and 95% CI over seeds) and inertia heatmaps from result files.
 
-Result files are read with :func:`lips_flwr.experiments.store.read_result`
+Result files are read with :func:`lips_flwr.experiments.runner.store.read_result`
 (the runner's files and those of earlier sessions); the paper app's own
 record (``run_config``, ``rounds``, ``summary``) is what is plotted.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lips_flwr.experiments.store import read_result
+from lips_flwr.experiments.runner.store import read_result
 
 
 def app_record(path: Path) -> dict:

@@ -5,7 +5,7 @@
     python examples/paper/prereg.py run --regime gpu --jobs 16    # on one GPU machine (regime b: one run per core)
 
 The runs go through the one experiment runner
-(:func:`lips_flwr.experiments.sweep.run_sweep`): each is
+(:func:`lips_flwr.experiments.runner.sweep.run_sweep`): each is
 ``<out>/<conf>/<method>-seed<k>.json``, written when it has finished, with
 its identity and provenance. A finished run of the same identity is reused
 (the committed runs predate identities: their run config is compared); a
@@ -35,11 +35,11 @@ sys.path.insert(0, str(APP))
 from plot import mask_rounds  # noqa: E402
 
 from lips_flwr.experiments import stats  # noqa: E402
-from lips_flwr.experiments.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
 from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402, F401 - verdict: the report's words
-from lips_flwr.experiments.store import read_result  # noqa: E402
-from lips_flwr.experiments.sweep import SweepFailed, run_sweep  # noqa: E402
+from lips_flwr.experiments.runner.store import read_result  # noqa: E402
+from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 
 ROOT = APP.parents[1]
 OUT = ROOT / "docs" / "results" / "prereg"

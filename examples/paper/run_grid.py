@@ -5,7 +5,7 @@
 
 Each conf file is a run config plus a ``[federation]`` table (its
 ``num-supernodes`` is the node count). The runs go through the one
-experiment runner (:func:`lips_flwr.experiments.sweep.run_sweep`): each is
+experiment runner (:func:`lips_flwr.experiments.runner.sweep.run_sweep`): each is
 ``<out>/<conf>/<algorithm>-seed<k>.json``, written when the run has finished,
 with its identity (app, run config, seed, nodes, engine, code) and
 provenance. A finished run of the same identity is reused; a file of other
@@ -33,10 +33,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy  # noqa: E402
 
-from lips_flwr.experiments.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runs import RunSpec  # noqa: E402
-from lips_flwr.experiments.store import read_result  # noqa: E402
-from lips_flwr.experiments.sweep import SweepFailed, run_sweep  # noqa: E402
+from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.store import read_result  # noqa: E402
+from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 
 APP = Path(__file__).resolve().parent
 ROOT = APP.parents[1]

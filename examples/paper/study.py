@@ -13,7 +13,7 @@
     python examples/paper/study.py --out docs/results/fmnist-study --report-only
 
 Results: ``<out>/select/*.json``, ``<out>/eval/*.json`` (result files of the
-one experiment runner, :func:`lips_flwr.experiments.sweep.run_sweep`: a run
+one experiment runner, :func:`lips_flwr.experiments.runner.sweep.run_sweep`: a run
 of the same identity is reused, a file of other settings, e.g. another conf
 file, stops the study before anything runs, naming the keys, unless
 ``--recompute``), ``<out>/selected.json``, ``<out>/table.md``,
@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy, plot_heatmap  # noqa: E402
 from run_grid import APP, table  # noqa: E402
 
-from lips_flwr.experiments.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runs import RunSpec  # noqa: E402
-from lips_flwr.experiments.store import read_result  # noqa: E402
-from lips_flwr.experiments.sweep import SweepFailed, run_sweep  # noqa: E402
+from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.store import read_result  # noqa: E402
+from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 
 # Candidate settings per method; methods absent here have nothing to tune, and
 # the LIPS variants reuse the (tau0, every) selected for LIPS.

@@ -60,9 +60,9 @@ def missing_extras() -> list[str]:
 
 
 def compare_main(args: argparse.Namespace) -> int:
-    from .apps import num_supernodes, parse_overrides
     from .compare import Comparison, run_compare
-    from .sweep import SweepFailed
+    from .runner.apps import num_supernodes, parse_overrides
+    from .runner.sweep import SweepFailed
 
     try:
         common, federation = parse_overrides(args.run_config)

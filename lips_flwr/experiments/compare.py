@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from .provenance import same_environment
-from .runs import LIPS_OFF, RunSpec
+from .runner.provenance import same_environment
+from .runner.runs import LIPS_OFF, RunSpec
+from .runner.store import Result, read_result
+from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
-from .store import Result, read_result
-from .sweep import run_sweep
 
 DEFAULT_LAST = 10
 

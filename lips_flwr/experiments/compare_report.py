@@ -17,7 +17,7 @@ import numpy as np
 
 from .compare import Comparison, evaluate_series, layer_groups, relative_steps
 from .results import write_json_atomic
-from .store import Result
+from .runner.store import Result
 
 
 def _overrides(values: dict[str, Any]) -> str:

@@ -116,7 +116,7 @@ def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
 
     (Each node's round-1 reply equals the ClientApp's own: tests/unit/test_batched_grid.py.)
     """
-    from lips_flwr.experiments.apps import import_components, load_app, resolve_run_config
+    from lips_flwr.experiments.runner.apps import import_components, load_app, resolve_run_config
     from lips_flwr.experiments.batched import run_batched
 
     values = {"algorithm": "lips", "dataset": "digits", "model": "digits-cnn", "num-server-rounds": 5,
@@ -148,8 +148,8 @@ ENV = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(APP.parent
 
 def sweep_process(out: Path, values: dict = STUDY_RUN) -> subprocess.Popen:
     """One resumable paper-app run through the runner (``run_sweep``), in a process of its own."""
-    code = ("import sys; from lips_flwr.experiments.runs import RunSpec; "
-            "from lips_flwr.experiments.sweep import run_sweep; "
+    code = ("import sys; from lips_flwr.experiments.runner.runs import RunSpec; "
+            "from lips_flwr.experiments.runner.sweep import run_sweep; "
             f"run_sweep([RunSpec({str(APP)!r}, 'lips-seed1000', 1000, {values!r}, num_nodes=3, "
             f"engine='sequential')], {str(out)!r})")
     return subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE,

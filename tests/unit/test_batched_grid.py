@@ -29,7 +29,7 @@ from lips_paper.server_app import app as paper_server  # noqa: E402
 
 def run_config(values: dict) -> dict:
     """The paper app's run config for ``values``, as ``flwr run`` resolves it."""
-    from lips_flwr.experiments.apps import load_app, resolve_run_config
+    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
 
     return resolve_run_config(load_app(PAPER), values)
 

@@ -17,9 +17,9 @@ from runner_apps import make_app  # noqa: E402
 
 from lips_flwr.experiments import cli  # noqa: E402
 from lips_flwr.experiments.compare import Comparison, default_metric, summarize  # noqa: E402
-from lips_flwr.experiments.provenance import provenance  # noqa: E402
+from lips_flwr.experiments.runner.provenance import provenance  # noqa: E402
 from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
-from lips_flwr.experiments.store import read_result, write_result  # noqa: E402
+from lips_flwr.experiments.runner.store import read_result, write_result  # noqa: E402
 
 LAYERS = {"all": ["first.weight", "mid.weight", "last.weight"], "middle": ["mid.weight"]}
 

@@ -74,8 +74,8 @@ def test_plot_states_the_setup_marks_mask_rounds_and_uses_a_t_interval(tmp_path)
 
 
 def test_run_config_string_quotes_strings():
-    from lips_flwr.experiments.apps import parse_overrides
-    from lips_flwr.experiments.flwr_runs import run_config_string
+    from lips_flwr.experiments.runner.apps import parse_overrides
+    from lips_flwr.experiments.runner.flwr_runs import run_config_string
 
     assert run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
     assert parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"])[0] == {

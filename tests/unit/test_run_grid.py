@@ -2,7 +2,7 @@
 
 No `flwr run` here: the fake writes the results file the paper's ServerApp
 would write (``RecordingLIPS``) and serves the log text of ``flwr log``; the
-runner (``lips_flwr.experiments.sweep``) around it is the real one.
+runner (``lips_flwr.experiments.runner.sweep``) around it is the real one.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import lips_flwr.experiments.flwr_runs as flwr_runs
-from lips_flwr.experiments.store import read_result
+import lips_flwr.experiments.runner.flwr_runs as flwr_runs
+from lips_flwr.experiments.runner.store import read_result
 from test_paper_tools import load
 
 # What `flwr log` shows when every ClientApp fails to load its data (a real run, shortened).

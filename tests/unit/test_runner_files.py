@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from runner_apps import make_app
 
-from lips_flwr.experiments.apps import (
+from lips_flwr.experiments.runner.apps import (
     app_digest,
     import_components,
     load_app,
@@ -19,8 +19,8 @@ from lips_flwr.experiments.apps import (
     parse_overrides,
     resolve_run_config,
 )
-from lips_flwr.experiments.provenance import code_identity, provenance, same_environment
-from lips_flwr.experiments.store import (
+from lips_flwr.experiments.runner.provenance import code_identity, provenance, same_environment
+from lips_flwr.experiments.runner.store import (
     SweepLock,
     check_name,
     differences,
@@ -158,7 +158,7 @@ def test_staging_folders_of_other_runs_are_removed(tmp_path):
 def test_a_second_sweep_is_refused_while_one_holds_the_folder(tmp_path):
     with SweepLock(tmp_path):
         assert (tmp_path / ".sweep.lock").read_text().strip() == str(os.getpid())
-        code = ("import sys; from pathlib import Path; from lips_flwr.experiments.store import SweepLock\n"
+        code = ("import sys; from pathlib import Path; from lips_flwr.experiments.runner.store import SweepLock\n"
                 "try:\n    SweepLock(Path(sys.argv[1]))\nexcept ValueError as err:\n    print(err)")
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                                check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -166,7 +166,7 @@ def test_a_second_sweep_is_refused_while_one_holds_the_folder(tmp_path):
     assert not (tmp_path / ".sweep.lock").exists()
     # A holder killed with its lock: the OS freed the flock, its file is no obstacle.
     subprocess.run([sys.executable, "-c", "import os, sys; from pathlib import Path; "
-                    "from lips_flwr.experiments.store import SweepLock; SweepLock(Path(sys.argv[1])); "
+                    "from lips_flwr.experiments.runner.store import SweepLock; SweepLock(Path(sys.argv[1])); "
                     "os._exit(9)", str(tmp_path)], check=False,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert (tmp_path / ".sweep.lock").exists()

@@ -16,10 +16,10 @@ from flower_fakes import task_identity  # noqa: F401
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from runner_apps import make_app
 
-from lips_flwr.experiments.observe import RunFailed, RunObserver, weighted_means
-from lips_flwr.experiments.runs import RunSpec, prepare
-from lips_flwr.experiments.store import read_result, write_result
-from lips_flwr.experiments.sweep import SweepFailed, plan, run_sweep
+from lips_flwr.experiments.runner.observe import RunFailed, RunObserver, weighted_means
+from lips_flwr.experiments.runner.runs import RunSpec, prepare
+from lips_flwr.experiments.runner.store import read_result, write_result
+from lips_flwr.experiments.runner.sweep import SweepFailed, plan, run_sweep
 
 # --------------------------------------------------------------------------- the observer
 

@@ -28,9 +28,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ..results import write_json_atomic
 from .observe import RunObserver
 from .provenance import now_utc, provenance
-from .results import write_json_atomic
 from .runs import LIPS_OFF, PreparedRun
 from .store import write_result
 
@@ -94,9 +94,9 @@ def _extra(job: PreparedRun) -> dict[str, Any]:
 
 def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
-    from ..strategies import forced_options
+    from ...strategies import forced_options
+    from ..batched import run_batched
     from .apps import import_components
-    from .batched import run_batched
 
     started, start = now_utc(), time.perf_counter()
     earlier = _segments(job, resuming, started)

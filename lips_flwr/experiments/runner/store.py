@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..persistence.lock import _try_lock
-from .results import write_json_atomic
+from ...persistence.lock import _try_lock
+from ..results import write_json_atomic
 
 FORMAT = "lips-flwr-result/1"
 STAGING = ".staging"

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from ..core.layers import select_layers
-from ..persistence.npz_store import write_atomic
-from .results import write_json_atomic
+from ...core.layers import select_layers
+from ...persistence.npz_store import write_atomic
+from ..results import write_json_atomic
 
 WEIGHT_KEYS = ("num-examples", "num_examples")
 KINDS = ("train", "evaluate")

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .local_flower import LocalFlower, first_error, local_flower
+from ..local_flower import LocalFlower, first_error, local_flower
 from .provenance import PACKAGE, git_state, now_utc, provenance
 from .runs import PreparedRun
 from .store import write_result
