@@ -1,7 +1,16 @@
-"""The inertia pilot (PILOT.md): its analysis, and a place for its runs.
+"""The inertia pilot (PILOT.md): its runs and its analysis.
 
+    python examples/paper/pilot.py run --jobs 2    # every run not finished yet (stop and re-run at will)
+    python examples/paper/pilot.py run --cells resnet8-n100,resnet8-n50 --jobs 2
     python examples/paper/pilot.py report          # docs/results/pilot/: report.md, report.json, heatmaps
     python examples/paper/pilot.py report --results DIR --out OUT
+
+``run`` makes the pilot's FedBN runs through the project's experiment runner
+(:func:`lips_flwr.experiments.runner.run_sweep`): one result file per run,
+``docs/results/pilot/<cell>/fedbn-seed<k>.json``, with the run's identity and
+provenance; a finished run is reused, a stopped one continues from its last
+round, a file of other settings is refused. Cells go one model at a time, seed
+by seed (PILOT.md: pair the runs of one model), ResNet8's first.
 
 ``report`` reads every cell folder of ``--results`` (a folder holding
 ``<method>-seed<k>.json`` result files) and, from each FedBN run, computes
@@ -12,8 +21,6 @@ defaults) would have fired, replayed offline on the run's own relative steps.
 A cell where inertia arises in every seed (at least two) gets a confirmatory
 study proposal with its CPU cost, measured from the cell's own runs.
 
-``run`` is not written yet: the lead writes it on top of the project's
-experiment runner (result files with identity and provenance).
 """
 
 from __future__ import annotations
@@ -33,11 +40,15 @@ from provenance import provenance  # noqa: E402
 
 from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
 from lips_flwr.core.trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger  # noqa: E402
+from lips_flwr.experiments.runner import RunSpec, run_sweep  # noqa: E402
+from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
 
 OUT = APP.parents[1] / "docs" / "results" / "pilot"
 BASE = "fedbn"  # the pilot runs FedBN only
 CONFIRMATORY_RUNS = 18  # FedBN, LIPS and LIPS-inertia on 6 new paired seeds
 STEP = "inertia-rel-step/"
+CELLS = ("resnet8-n100", "resnet8-n50", "vgg6-n100", "vgg6-n50")  # PILOT.md's table, in run order
+SEEDS = (2000, 2001)
 
 
 @cache
@@ -260,11 +271,28 @@ def report(results: Path, out: Path) -> dict:
     return record
 
 
-def run(*_: object) -> None:
-    """Not written yet: the pilot's runs go through the project's experiment runner (PILOT.md)."""
-    raise NotImplementedError(
-        "pilot.py run is to be written by the lead on top of the project's experiment runner (result files "
-        "with identity and provenance; PILOT.md, 'How the runs are made'); no pilot run is made until then")
+def run_specs(cells: tuple[str, ...] = CELLS, seeds: tuple[int, ...] = SEEDS,
+              engine: str = "auto") -> list[RunSpec]:
+    """The pilot's runs (PILOT.md): FedBN on each cell's conf file, seed by seed, in the cells' order."""
+    unknown = sorted(set(cells) - set(CELLS))
+    if unknown:
+        raise SystemExit(f"unknown cells {unknown}; the pilot's cells are {list(CELLS)}")
+    specs = []
+    for cell in cells:
+        values, federation = parse_overrides([str(APP / "conf" / f"pilot-{cell}.toml")])
+        for seed in seeds:
+            specs.append(RunSpec(APP, f"{cell}/{BASE}-seed{seed}", seed, {**values, "algorithm": BASE},
+                                 num_nodes=num_supernodes(federation), engine=engine,
+                                 location_keys=("dataset-path",)))
+    return specs
+
+
+def run(results: Path, cells: tuple[str, ...], jobs: int, recompute: bool = False) -> list[Path]:
+    """Every pilot run of ``cells`` not finished yet into ``results`` (see the module docstring)."""
+    specs = run_specs(cells)
+    print(f"{len(specs)} pilot runs ({jobs} at a time; finished ones are reused)", flush=True)
+    return run_sweep(specs, results, jobs=jobs, recompute=recompute,
+                     progress=lambda line: print(line, flush=True))
 
 
 def main() -> None:
@@ -272,9 +300,13 @@ def main() -> None:
     parser.add_argument("what", choices=("run", "report"))
     parser.add_argument("--results", type=Path, default=OUT, help="the folder of cell folders")
     parser.add_argument("--out", type=Path, default=None, help="where the report goes (default: --results)")
+    parser.add_argument("--cells", default=",".join(CELLS), help="run: the cells to run, comma-separated")
+    parser.add_argument("--jobs", type=int, default=1, help="run: runs at once")
+    parser.add_argument("--recompute", action="store_true",
+                        help="run: run again (and replace) result files of other settings")
     args = parser.parse_args()
     if args.what == "run":
-        run()
+        run(args.results.resolve(), tuple(args.cells.split(",")), args.jobs, args.recompute)
     report(args.results.resolve(), (args.out or args.results).resolve())
 
 

@@ -118,6 +118,22 @@ def test_a_continued_run_s_time_sums_its_segments():
     assert pilot.run_seconds(data) == pytest.approx(20.0 + 15.0)
 
 
-def test_run_is_not_written_yet_and_says_so():
-    with pytest.raises(NotImplementedError, match="experiment runner"):
-        pilot.run()
+def test_the_runs_are_fedbn_on_each_cells_conf_seed_by_seed_resnet8_first():
+    import torch
+
+    from lips_flwr.experiments.runner.runs import prepare
+
+    specs = pilot.run_specs()
+    assert [s.name for s in specs] == [f"{cell}/fedbn-seed{seed}" for cell in pilot.CELLS for seed in (2000, 2001)]
+    assert pilot.CELLS[:2] == ("resnet8-n100", "resnet8-n50")
+    prepared = {s.name: prepare(s, Path("/nonexistent-out")) for s in specs}
+    for name, run in prepared.items():
+        cell, config = name.split("/")[0], run.run_config
+        model, samples = cell.split("-n")
+        assert (config["algorithm"], config["model"], config["samples-per-client"]) == ("fedbn", model, int(samples))
+        assert (config["num-server-rounds"], config["alpha"], config["inertia-t0"]) == (100, 0.1, 2)
+        assert config["seed"] == run.spec.seed and run.spec.num_nodes == 20
+        assert run.identity["engine"] == ("stacked" if torch.cuda.is_available() else "sequential")
+        assert not run.identity["lips_forced"]
+    with pytest.raises(SystemExit, match="unknown cells"):
+        pilot.run_specs(("resnet8-n25",))
