@@ -113,8 +113,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
         Results keep the order they came in (``tau0=0`` reproduces the wrapped
         strategy bit for bit); those that fail the reply gate's checks
         (:mod:`..replies.gate`, as in the Message API), or make the aggregate
-        non-finite, move to ``failures``; arrays in another dtype than most
-        results' are cast first.
+        non-finite, move to ``failures``; arrays in another dtype than the
+        global model's are cast to it first.
         """
         server_round = self._round(server_round)
         access = LegacyReplies(results, list(failures), server_round, self._views,

@@ -90,8 +90,8 @@ class _LIPSMixin(LIPSAdapter):
         as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
         reply that does not fit the global model, or whose records differ
         from most others', is dropped with a logged reason
-        (:mod:`..replies.gate`); an array in another dtype than most
-        replies' is cast first. Error replies pass on to the wrapped
+        (:mod:`..replies.gate`); an array in another dtype than the
+        global model's is cast to it first. Error replies pass on to the wrapped
         strategy, which counts them as failures.
         """
         access = MessageReplies(list(replies), server_round, self._weight_key(),

@@ -15,7 +15,8 @@ is missing, not a number, not finite, not positive or absurdly large. Dtype
 changes between real numeric types are accepted: Flower's own aggregation
 turns integer buffers into float64 (``num_batches_tracked``) and FedAdam
 returns float64 for float32 models, so clients legitimately send other dtypes
-back (:mod:`.dtypes` decides which dtype a round is aggregated in).
+back (:mod:`.dtypes` casts them to the model's). A bool is a number only for
+a bool array of the model (:func:`real_for`): True and False are no weights.
 
 A new value-level rule (a reply whose values are out of bounds, say) goes
 into :func:`reply_problem` when it reads the arrays of one reply, or into
@@ -38,6 +39,11 @@ from ...core.checks import arrays_mismatch, nonfinite_arrays
 MAX_NUM_EXAMPLES = 2**53
 REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats
 MISSING = object()  # a reply without the example count the inner strategy weights by
+
+
+def real_for(dtype: np.dtype, model: np.dtype) -> bool:
+    """Whether a reply array of ``dtype`` holds real numbers for a model array of dtype ``model``."""
+    return dtype.kind in REAL_KINDS and (dtype.kind != "b" or model.kind == "b")
 
 
 def model_shapes(tensors: Mapping[str, bytes]) -> dict[str, tuple[int, ...]]:
@@ -150,5 +156,5 @@ def culprit_among(
 
 __all__ = [
     "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "model_shapes",
-    "num_examples_problem", "reply_problem", "serialization_problem",
+    "num_examples_problem", "real_for", "reply_problem", "serialization_problem",
 ]

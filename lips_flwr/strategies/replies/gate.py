@@ -2,8 +2,8 @@
 
 One round's train replies pass through :meth:`ReplyGate.admit` (per reply:
 its records, its weight, its arrays' headers against the global model's; then
-the Message API's vote on records and metric keys, and the dtype vote and
-cast) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
+the Message API's vote on records and metric keys, and the cast to the
+global model's dtypes) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
 its aggregate checked for NaN/Inf in one pass, and on a bad aggregate the
 culprit's search, its drop and a retry from the chain's state as it was).
 Each API gives the gate a :class:`ReplyAccess` for its replies
@@ -133,7 +133,7 @@ class Aggregated(NamedTuple):
 
 
 class ReplyGate:
-    """The checks, the dtype vote and the retry of one LIPS strategy, for both APIs.
+    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs.
 
     It keeps, between rounds, the global model's headers and the headers
     replies sent in another dtype (:class:`.headers.HeaderCache`).
@@ -178,7 +178,7 @@ class ReplyGate:
 
         A reply that does not fit the global model, or (Message API) whose
         records differ from most others', is logged and dropped; an array in
-        another dtype than most replies' is re-serialized in place.
+        another dtype than the global model's is re-serialized in it (:mod:`.dtypes`).
         """
         headers = self.model_headers(previous)
         reads = []
