@@ -4,8 +4,9 @@ One round's train replies pass through :meth:`ReplyGate.admit` (per reply:
 its records, its weight, its arrays' headers against the global model's; then
 the Message API's vote on records and metric keys, and the cast to the
 global model's dtypes) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
-its aggregate checked for NaN/Inf in one pass, and on a bad aggregate the
-culprit's search, its drop and a retry from the chain's state as it was).
+its aggregate and the chain's state checked for NaN/Inf in one pass, and
+when they are not finite the culprits' search, their drop and a retry from
+the chain's state as it was: :mod:`.retry`).
 Each API gives the gate a :class:`ReplyAccess` for its replies
 (:mod:`.message_access`, :mod:`.legacy_access`) and a :class:`ModelCodec`
 for its models (the adapter); a fix to reply handling lands here once.
@@ -15,16 +16,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from logging import ERROR, WARNING
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from logging import WARNING
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.common import log
 
-from ...core.checks import nonfinite_arrays
-from .checks import culprit_among, num_examples_problem
+from .checks import num_examples_problem
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
+from .retry import Aggregated, aggregate_checked
 
 R = TypeVar("R")  # one reply in the API's type
 Model = dict[str, np.ndarray]
@@ -122,14 +123,7 @@ class ModelCodec(Protocol):
     def _serialized(self, model: Any) -> tuple[list[str], list[Any]]: ...
     def _views(self, model: Any) -> Model: ...
     def _parse_aggregate(self, aggregate: Any) -> Model: ...
-
-
-class Aggregated(NamedTuple):
-    """The wrapped strategy's aggregate as the gate let it through (all ``None``: none)."""
-
-    aggregate: Any
-    metrics: Any
-    views: Model | None  # read-only, in the global model's order, finite
+    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None: ...
 
 
 class ReplyGate:
@@ -249,101 +243,22 @@ class ReplyGate:
     # --------------------------------------------------------------- aggregation
     def aggregate(self, access: ReplyAccess[R], replies: list[R], chain: list, server_round: int,
                   previous: Any) -> Aggregated:
-        """The wrapped strategy's aggregate of ``replies``, finite, or nothing.
+        """The wrapped strategy's aggregate of ``replies``, finite with the chain's state, or nothing.
 
-        The aggregate, not each reply, is checked for NaN/Inf: one pass on a
-        good round. When it is not finite, the reply that made it so (NaN/Inf,
-        or values that overflow) is dropped, the wrapped chain's state is put
-        back as it was before the aggregation, and the rest are aggregated
-        again. An aggregate that stays non-finite is not returned: the round
-        keeps the previous global model. When the wrapped strategy raises on
-        replies that passed the header checks, those it cannot read (another
+        The aggregate and the chain's declared state, not each reply, are
+        checked for NaN/Inf: one pass on a good round. When either is not
+        finite, the replies that made it so are dropped, the chain's state is
+        put back as it was before the aggregation, and the rest are
+        aggregated again (:mod:`.retry`); when none do, the round keeps the
+        previous global model. When the wrapped strategy raises on replies
+        that passed the header checks, those it cannot read (another
         serialization) are dropped and the rest aggregated again; when it
         names none, the exception is the wrapped strategy's own and
         propagates. A chain with a privacy accountant is checked reply by
         reply before it aggregates instead: a retry would compose its
         privacy release twice.
         """
-        replies = list(replies)
-        access.snapshot(replies)
-        state = chain_state(chain)
-        inner = type(chain[1] if len(chain) > 1 else chain[0]).__name__
-        irreversible = any(getattr(strategy, "accountant", None) is not None for strategy in chain)
-        if irreversible:
-            while (found := self._culprit(access, replies)) is not None and found[1].startswith("NaN or Inf"):
-                self.drop(access, replies.pop(found[0]), found[1])
-            self._drop_all(access, replies, self._unreadable(access, replies))
-        try:
-            aggregate, metrics = access.aggregate(replies)
-        except Exception as err:
-            bad = [] if irreversible else self._unreadable(access, replies)
-            if not bad:
-                raise
-            log(WARNING, "LIPS: round %d: %s raised %s: %s; dropping the %d replies it cannot read "
-                "and aggregating the rest again", server_round, inner, type(err).__name__, err, len(bad))
-            restore_chain_state(state)
-            self._drop_all(access, replies, bad)
-            access.restore()
-            aggregate, metrics = access.aggregate(replies)
-        views = None if aggregate is None else self.aggregate_views(aggregate, previous)
-        while views is not None and nonfinite_arrays(views):
-            restore_chain_state(state)
-            found = None if irreversible else self._culprit(access, replies)
-            if found is None:
-                why = ("a retry would compose its privacy release twice" if irreversible
-                       else "no reply explains it")
-                log(ERROR, "LIPS: round %d: the aggregate of %s has NaN or Inf in %s and %s; it is "
-                    "not broadcast, the global model stays as it was",
-                    server_round, inner, nonfinite_arrays(views)[:5], why)
-                return Aggregated(None, None, None)  # nor the metrics of that aggregate
-            self.drop(access, replies.pop(found[0]), found[1])
-            access.restore()
-            aggregate, metrics = access.aggregate(replies)
-            views = None if aggregate is None else self.aggregate_views(aggregate, previous)
-        return Aggregated(aggregate, metrics, views)
-
-    def _culprit(self, access: ReplyAccess[R], replies: list[R]) -> tuple[int, str] | None:
-        """``(index, reason)`` of the reply that makes an aggregate non-finite (reads every array)."""
-        access.restore()
-        return culprit_among([access.views(reply) for reply in replies],
-                             [access.overflow_weight(reply) for reply in replies])
-
-    def _unreadable(self, access: ReplyAccess[R], replies: list[R]) -> list[tuple[int, str]]:
-        """``(index, reason)`` of each reply with an array in another serialization than numpy's."""
-        access.restore()
-        found = enumerate(map(access.stype_problem, replies))
-        return [(i, reason) for i, reason in found if reason is not None]
-
-    def _drop_all(self, access: ReplyAccess[R], replies: list[R], found: list[tuple[int, str]]) -> None:
-        for index, reason in sorted(found, reverse=True):
-            self.drop(access, replies.pop(index), reason)
+        return aggregate_checked(self, access, replies, chain, server_round, previous)
 
 
-# A retry must undo whatever the wrapped chain did while it aggregated, its own bookkeeping
-# included (a DP wrapper pops its pending privacy event; a user's strategy counts rounds), not
-# only the state a checkpoint declares (resume/chain_state.py): so this snapshot stays generic.
-# Flower's strategies rebind what they keep (``self.current_arrays = ...``) or edit a dict or
-# list they hold, so references and containers copied one level deep undo an aggregation; no
-# array data is copied on a good round.
-def chain_state(chain: list) -> list[tuple[Any, dict, dict]]:
-    """Each strategy of the chain with a copy of its attributes, containers one level deep."""
-    return [
-        (inner, dict(vars(inner)),
-         {k: v.copy() for k, v in vars(inner).items() if isinstance(v, (dict, list, set))})
-        for inner in chain
-    ]
-
-
-def restore_chain_state(state: list[tuple[Any, dict, dict]]) -> None:
-    """Put each strategy's attributes back as :func:`chain_state` found them."""
-    for inner, attributes, containers in state:
-        vars(inner).clear()
-        vars(inner).update(attributes)
-        for name, saved in containers.items():
-            live = attributes[name]
-            live.clear()
-            live.update(saved) if not isinstance(live, list) else live.extend(saved)
-
-
-__all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate", "chain_state",
-           "restore_chain_state"]
+__all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate"]
