@@ -95,7 +95,7 @@ class _LIPSMixin(LIPSAdapter):
         strategy, which counts them as failures.
         """
         access = MessageReplies(list(replies), server_round, self._weight_key(),
-                                super().aggregate_train)  # type: ignore[misc]
+                                super().aggregate_train, self._chain_key("arrayrecord_key"))  # type: ignore[misc]
         arrays, metrics, lips_metrics = self._aggregate_round(server_round, access)
         if arrays is not None:  # the round's lips-* metrics join the wrapped strategy's
             metrics = MetricRecord() if metrics is None else metrics
@@ -112,8 +112,13 @@ class _LIPSMixin(LIPSAdapter):
 
     def _weight_key(self) -> str | None:
         """The metric the wrapped chain weights replies by (Message FedAvg's ``weighted_by_key``)."""
+        return self._chain_key("weighted_by_key")
+
+    def _chain_key(self, setting: str) -> str | None:
+        """A key the wrapped chain reads replies by (``weighted_by_key``, ``arrayrecord_key``: the
+        record it sends the model in), from the outermost strategy that has it."""
         for inner in strategy_chain(self):
-            key = getattr(inner, "weighted_by_key", None)
+            key = getattr(inner, setting, None)
             if isinstance(key, str):
                 return key
         return None

@@ -77,8 +77,9 @@ class ReplyAccess(ABC, Generic[R]):
     def read_metrics(self, reply: R) -> ReadReply:
         """What the checks need of an evaluate reply: its weight (and signature)."""
 
-    def vote(self, reads: list[ReadReply]) -> dict[int, str]:
-        """``{index: reason}`` of the replies whose records differ from most others' (Message API)."""
+    def vote(self, reads: list[ReadReply], previous: tuple | None) -> dict[int, str]:
+        """``{index: reason}`` of the replies whose records differ from most others' (Message API);
+        ``previous``: the signature of the last round's accepted replies, for a tie."""
         return {}
 
     def stype_problem(self, reply: R) -> str | None:
@@ -130,12 +131,14 @@ class ReplyGate:
     """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs.
 
     It keeps, between rounds, the global model's headers and the headers
-    replies sent in another dtype (:class:`.headers.HeaderCache`).
+    replies sent in another dtype (:class:`.headers.HeaderCache`), and the
+    signature of the last accepted replies (a tie in the next vote goes to it).
     """
 
     def __init__(self, models: ModelCodec) -> None:
         self.models = models
         self.headers = HeaderCache()
+        self.accepted: dict[str, tuple] = {}  # "train"/"evaluate" -> the last accepted replies' signature
 
     # ------------------------------------------------------------ the global model
     def model_headers(self, previous: Any) -> ModelHeaders:
@@ -183,7 +186,7 @@ class ReplyGate:
                 reads.append(read)
             else:
                 self.drop(access, reply, reason)
-        reads = self._voted(access, reads)
+        reads = self._voted(access, reads, "train")
         chosen, mixed = round_dtypes([read.dtypes for read in reads], headers.dtype)
         if mixed:
             for read in reads:
@@ -205,7 +208,7 @@ class ReplyGate:
                 reads.append(read)
             else:
                 self.drop(access, reply, reason)
-        return [read.reply for read in self._voted(access, reads)]
+        return [read.reply for read in self._voted(access, reads, "evaluate")]
 
     def _problem(self, access: ReplyAccess[R], read: ReadReply, headers: ModelHeaders) -> str | None:
         """Why a reply cannot be aggregated into the global model: its weight, then its arrays' headers.
@@ -229,11 +232,14 @@ class ReplyGate:
             reason, read.dtypes = fast_reply_problem(headers, dict(zip(read.names, read.datas)))
         return reason
 
-    def _voted(self, access: ReplyAccess[R], reads: list[ReadReply]) -> list[ReadReply]:
-        odd = access.vote(reads) if len(reads) > 1 else {}
+    def _voted(self, access: ReplyAccess[R], reads: list[ReadReply], kind: str) -> list[ReadReply]:
+        odd = access.vote(reads, self.accepted.get(kind)) if len(reads) > 1 else {}
         for index, reason in odd.items():
             self.drop(access, reads[index].reply, reason)
-        return [read for i, read in enumerate(reads) if i not in odd] if odd else reads
+        kept = [read for i, read in enumerate(reads) if i not in odd] if odd else reads
+        if kept:
+            self.accepted[kind] = kept[0].signature
+        return kept
 
     def drop(self, access: ReplyAccess[R], reply: R, reason: str) -> None:
         """Leave ``reply`` out: one line, the same in both APIs (tests and users grep it)."""
