@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Mapping, Sequence
 from typing import cast
 
@@ -125,6 +126,34 @@ def reply_problem(
     return None
 
 
+# A metric beyond this is left out: a weighted sum of a million replies, each weighted by up to
+# MAX_NUM_EXAMPLES examples as legacy means are (``sum(n * value) / sum(n)``), stays finite.
+MAX_METRIC = sys.float_info.max / (MAX_NUM_EXAMPLES * 2**20)  # ~1.9e286
+
+
+def metric_ok(value: object) -> bool:
+    """Whether a metric value (a number or a list of numbers) can enter a weighted mean: finite and
+    within ``+-MAX_METRIC`` (NaN fails every comparison). Anything else (text) is not looked at."""
+    if isinstance(value, list):
+        return all(map(metric_ok, value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return -MAX_METRIC <= value <= MAX_METRIC
+    return True
+
+
+def stand_in(found: Sequence[tuple[object, float]]) -> object:
+    """The weighted mean of ``(value, weight)`` pairs of good metric values (lists element-wise), or
+    ``None`` without any: given to a bad value, it leaves the weighted mean of all replies the
+    weighted mean of the others."""
+    if not found:
+        return None
+    total = math.fsum(weight for _, weight in found)
+    first = found[0][0]
+    if isinstance(first, list):
+        return [math.fsum(float(cast(list, v)[i]) * w for v, w in found) / total for i in range(len(first))]
+    return math.fsum(float(cast(float, v)) * w for v, w in found) / total
+
+
 def culprit_among(
     models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[object] | None = None
 ) -> tuple[int, str] | None:
@@ -189,6 +218,7 @@ _SQUARE_BOUND = (math.sqrt(float(np.finfo(np.float32).max)), math.sqrt(float(np.
 
 
 __all__ = [
-    "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "model_shapes",
+    "MAX_METRIC", "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "metric_ok", "model_shapes",
     "num_examples_problem", "ranked_by_reach", "real_for", "reply_problem", "serialization_problem",
+    "stand_in",
 ]

@@ -15,14 +15,14 @@ for its models (the adapter); a fix to reply handling lands here once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from logging import WARNING
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.common import log
 
-from .checks import num_examples_problem
+from .checks import MAX_METRIC, metric_ok, num_examples_problem, stand_in
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
 from .retry import Aggregated, aggregate_checked
@@ -85,6 +85,10 @@ class ReplyAccess(ABC, Generic[R]):
     def stype_problem(self, reply: R) -> str | None:
         """Why an array's serialization is not numpy's (Message API ``Array.stype``), or ``None``."""
         return None
+
+    @abstractmethod
+    def metric_records(self, reply: R) -> list[MutableMapping[str, Any]]:
+        """The reply's metrics, as mappings the gate may change (a bad value out)."""
 
     @abstractmethod
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
@@ -187,6 +191,7 @@ class ReplyGate:
             else:
                 self.drop(access, reply, reason)
         reads = self._voted(access, reads, "train")
+        self._leave_out_bad_metrics(access, reads)
         chosen, mixed = round_dtypes([read.dtypes for read in reads], headers.dtype)
         if mixed:
             for read in reads:
@@ -208,7 +213,9 @@ class ReplyGate:
                 reads.append(read)
             else:
                 self.drop(access, reply, reason)
-        return [read.reply for read in self._voted(access, reads, "evaluate")]
+        reads = self._voted(access, reads, "evaluate")
+        self._leave_out_bad_metrics(access, reads)
+        return [read.reply for read in reads]
 
     def _problem(self, access: ReplyAccess[R], read: ReadReply, headers: ModelHeaders) -> str | None:
         """Why a reply cannot be aggregated into the global model: its weight, then its arrays' headers.
@@ -241,6 +248,33 @@ class ReplyGate:
             self.accepted[kind] = kept[0].signature
         return kept
 
+    def _leave_out_bad_metrics(self, access: ReplyAccess[R], reads: list[ReadReply]) -> None:
+        """Leave NaN, Inf and values beyond ``MAX_METRIC`` out of the aggregated metrics, a WARNING each.
+
+        A bad value becomes the weighted mean of the other replies' values for
+        its key (:func:`.checks.stand_in`), so that a weighted mean of all
+        replies is theirs; a key no reply has a good value for goes from every
+        reply. The reply's arrays still count.
+        """
+        found = [(read, record) for read in reads for record in access.metric_records(read.reply)]
+        bad: dict[str, list[tuple[ReadReply, MutableMapping[str, Any]]]] = {}
+        for read, record in found:
+            for key, value in record.items():
+                if key != read.weight_key and not metric_ok(value):
+                    bad.setdefault(key, []).append((read, record))
+        for key, spoilt in bad.items():
+            for read, record in spoilt:
+                log(WARNING, "LIPS: leaving the metric %r of %s (%r) out of the aggregate: not a finite "
+                    "number within +-%.3g", key, access.sender(read.reply), record[key], MAX_METRIC)
+            left_out = {id(record) for _, record in spoilt}
+            value = stand_in([(record[key], _weight(read.weight)) for read, record in found
+                              if key in record and id(record) not in left_out])
+            for _, record in found if value is None else spoilt:
+                if value is None:
+                    record.pop(key, None)
+                else:
+                    record[key] = value
+
     def drop(self, access: ReplyAccess[R], reply: R, reason: str) -> None:
         """Leave ``reply`` out: one line, the same in both APIs (tests and users grep it)."""
         log(WARNING, "LIPS: ignoring reply from %s: %s", access.sender(reply), reason)
@@ -265,6 +299,11 @@ class ReplyGate:
         privacy release twice.
         """
         return aggregate_checked(self, access, replies, chain, server_round, previous)
+
+
+def _weight(weight: object) -> float:
+    """A reply's weight in a mean of its metrics: its example count when it is a number, else 1."""
+    return float(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else 1.0
 
 
 __all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate"]

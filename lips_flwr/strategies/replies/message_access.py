@@ -127,6 +127,9 @@ class MessageReplies(ReplyAccess[Message]):
                 return reason
         return None
 
+    def metric_records(self, reply: Message) -> list[Any]:
+        return [record for _, record in records(reply, MetricRecord)]
+
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
         assert isinstance(read, MessageRead) and read.record is not None
         name, new = read.names[index], Array(array)
