@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -184,7 +184,9 @@ class CheckpointKeeper:
         Round 0 writes nothing: its ``model`` is the run's initial model, whose
         fingerprint becomes the run's identity. ``history`` (per-round
         metrics) is appended to the history file, a round at a time. After the
-        last round the lock goes: the run is over.
+        last round the lock goes: the run is over. A save the OS refuses is an
+        ERROR naming the checkpoint and the error, and the run goes on: the
+        next round's save writes the state then.
         """
         if self.path is None:
             return
@@ -201,11 +203,17 @@ class CheckpointKeeper:
         checkpoint.identity = self.identity
         checkpoint.python_random = python_random_state()
         checkpoint.numpy_random = numpy_random_state()
-        if history is not None:
-            if self._history is None:
-                self._history = HistoryLog(self.path, self.run_key)
-            checkpoint.history_bytes = self._history.append(history, server_round)
-        save_checkpoint(self.path, checkpoint)
+        try:
+            if history is not None:
+                if self._history is None:
+                    self._history = HistoryLog(self.path, self.run_key)
+                checkpoint.history_bytes = self._history.append(history, server_round)
+            save_checkpoint(self.path, checkpoint)
+        except OSError as err:  # a full disk, a folder turned read-only: the run is worth more
+            log(ERROR, "LIPS: cannot write the checkpoint %r after round %d (%s: %s): the run goes on; "
+                "the next round's save tries again (%s)", self.path, server_round, type(err).__name__, err,
+                "none written yet" if self.saved_round is None else f"the file holds round {self.saved_round}")
+            return
         self.saved_round = server_round
         self.seconds = time.perf_counter() - start
         if server_round >= checkpoint.num_rounds:
