@@ -62,16 +62,19 @@ class _LIPSMixin(LIPSAdapter):
             log(WARNING, "LIPS: schedule uses num_rounds=%d but start() runs %d rounds",
                 self.core.num_rounds, num_rounds)
         keeper = self._lips_keeper
-        resumed = keeper.begin(self, self.core)
-        self._lips_done, arrays = 0, initial_arrays
-        self._lips_history = None if keeper.path is None else empty_history()
-        if resumed is not None:
-            keeper.restore(self, resumed, record_views(initial_arrays), self._to_state, self._from_state)
-            self._lips_done, arrays = resumed.round, numpy_to_record(resumed.model)
-            self._lips_history = history_from_json(resumed.history)
-        result = run_start(self, grid, arrays, num_rounds, self._lips_done, self._lips_history,  # type: ignore[arg-type]
-                           timeout, train_config, evaluate_config, evaluate_fn)
-        self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
+        try:  # however the run ends (a thread pool keeps a failed one's traceback), its lock goes
+            resumed = keeper.begin(self, self.core)
+            self._lips_done, arrays = 0, initial_arrays
+            self._lips_history = None if keeper.path is None else empty_history()
+            if resumed is not None:
+                keeper.restore(self, resumed, record_views(initial_arrays), self._to_state, self._from_state)
+                self._lips_done, arrays = resumed.round, numpy_to_record(resumed.model)
+                self._lips_history = history_from_json(resumed.history)
+            result = run_start(self, grid, arrays, num_rounds, self._lips_done, self._lips_history,  # type: ignore[arg-type]
+                               timeout, train_config, evaluate_config, evaluate_fn)
+            self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
+        finally:
+            keeper.release()
         return result
 
     def configure_train(
