@@ -128,3 +128,4 @@ def test_the_bound_keeps_a_legacy_weighted_sum_finite():
     assert math.isfinite(MAX_METRIC * 2.0**53 * 2**20)
     assert metric_ok(MAX_METRIC) and metric_ok(-MAX_METRIC) and metric_ok(10**20) and metric_ok("text")
     assert not metric_ok(1e308) and not metric_ok(10**400) and not metric_ok([0.1, float("nan")])
+    assert not metric_ok(np.float32("inf")) and metric_ok(np.float32(0.5))  # legacy metrics may be numpy

@@ -136,9 +136,11 @@ def metric_ok(value: object) -> bool:
     within ``+-MAX_METRIC`` (NaN fails every comparison). Anything else (text) is not looked at."""
     if isinstance(value, list):
         return all(map(metric_ok, value))
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return -MAX_METRIC <= value <= MAX_METRIC
-    return True
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return True
+    # As a Python int or float (legacy metrics may hold numpy scalars, which would compare in float32).
+    number = int(value) if isinstance(value, numbers.Integral) else float(value)
+    return -MAX_METRIC <= number <= MAX_METRIC
 
 
 def stand_in(found: Sequence[tuple[object, float]]) -> object:
