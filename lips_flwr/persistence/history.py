@@ -130,7 +130,7 @@ class HistoryLog:
             write_atomic(self.path, lambda f: f.write(header.encode("utf-8")))
             remove_stale_temporaries(self.path)
             self.size, self._written = len(header.encode("utf-8")), {}
-        lines = []
+        lines, written = [], {}
         for part, rounds in history.items():
             for server_round, metrics in rounds.items():
                 if server_round > upto:
@@ -138,7 +138,7 @@ class HistoryLog:
                 known = self._written.get((part, server_round), _UNSEEN)
                 if known is metrics:
                     continue
-                self._written[(part, server_round)] = metrics
+                written[(part, server_round)] = metrics
                 if known is not _UNSEEN and known == metrics:
                     continue  # e.g. the history a resumed run was given back
                 entry = {"part": part, "round": server_round, "metrics": dict(metrics)}
@@ -149,6 +149,7 @@ class HistoryLog:
                 f.flush()
                 os.fsync(f.fileno())
                 self.size = f.tell()
+        self._written.update(written)  # only once written: a failed append is tried again
         return self.size
 
 

@@ -48,6 +48,16 @@ _HOLDERS: dict[str, weakref.ref[CheckpointLock]] = {}  # lock file (real path) -
 _HOLDERS_GUARD = threading.RLock()
 
 
+def _new_guard() -> None:
+    """In a forked child: a fresh guard (one held by a thread that did not follow would never free)."""
+    global _HOLDERS_GUARD
+    _HOLDERS_GUARD = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_guard)
+
+
 class CheckpointLock:
     """This process's right to write one checkpoint, taken by :func:`lock_checkpoint`.
 

@@ -11,6 +11,7 @@ in :mod:`.flower_state`, any strategy class by its ``lips_state`` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,9 +39,14 @@ def declared_state(strategy: Any) -> tuple[tuple[str, ...], frozenset[str]]:
     (:data:`.flower_state.FLOWER_STATE`), then the class's own ``lips_state``
     and ``lips_state_exclude``; a class further down overrides its bases.
     """
+    return _class_state(type(strategy))  # type: ignore[arg-type]  # classes hash by identity
+
+
+@functools.cache  # read every round by the reply gate's state check: once per class
+def _class_state(strategy_class: type) -> tuple[tuple[str, ...], frozenset[str]]:
     state: dict[str, None] = {}
     left_out: set[str] = set()
-    for cls in reversed(type(strategy).__mro__):
+    for cls in reversed(strategy_class.__mro__):
         keep, rewritten = FLOWER_STATE.get(cls, ((), ()))
         for name in (*keep, *_declared(cls, "lips_state")):
             state[name] = None

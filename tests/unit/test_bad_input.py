@@ -34,6 +34,7 @@ from flower_fakes import (
 )
 from lips_flwr.core.lips import LIPSCore
 from lips_flwr.strategies import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg
+from lips_flwr.strategies.replies.dtypes import round_dtypes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 NUM_ROUNDS = 10
@@ -433,6 +434,62 @@ def test_a_zero_dimensional_buffer_cast_to_the_others_dtype_keeps_its_shape(api,
     again, _ = api.aggregate(3, replies)
     assert again is not None and again[name].shape == ()
     assert "LIPS: ignoring" not in caplog.text
+
+
+@api_param
+@pytest.mark.parametrize(("dtype", "odd"), [("int32", 3), ("float16", 3), ("bool", 3), ("int32", 5),
+                                            ("float16", 5)])
+def test_odd_dtypes_from_most_replies_do_not_narrow_the_honest_ones(api, dtype, odd, caplog):
+    """Issue 28, 3: 3 (or all 5) of 5 replies in int32, float16 or bool for float32 layers, listed first.
+
+    Before: they won the dtype vote: the float32 replies were cast to int32 (and
+    the model became float64), to float16 (the model too), or to 0/1 (bool
+    counted as a number). Now every reply is aggregated in the model's dtypes;
+    a bool for a float layer drops the reply.
+    """
+    api = api()
+    model = tiny_model()
+    api.configure(2, model)
+    trained = client_models(model, 5, seed=2)
+    sent = [{k: v.astype(dtype) if v.dtype == np.float32 else v for k, v in m.items()}
+            if i < odd else m for i, m in enumerate(trained)]
+    with caplog.at_level(logging.WARNING):
+        new, _ = api.aggregate(2, [api.reply(m, 10, node=i + 1) for i, m in enumerate(sent)])
+    if dtype == "bool":
+        for node in (1, 2, 3):
+            assert (f"ignoring reply from {api.who(node)}: array 'conv1.weight' has dtype bool, not a "
+                    "real number type for the model's float32") in caplog.text
+        kept = trained[odd:]
+    else:
+        assert "LIPS: ignoring" not in caplog.text
+        kept = [{k: v.astype(model[k].dtype) for k, v in m.items()} for m in sent]
+    expected = fedavg_of(kept, [10] * len(kept))
+    for name, array in model.items():
+        if array.dtype == np.float32:
+            assert new[name].dtype == np.float32, name
+            np.testing.assert_allclose(new[name], expected[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_replies_in_what_flower_made_of_their_dtype_are_aggregated_as_sent():
+    """The exceptions to the model's dtypes: integers or float32 for a float64 model, from every reply.
+
+    Flower's FedAvg makes integer buffers float64 and FedAdam makes a float32
+    model float64, while clients go on sending their own dtypes: no cast, and
+    the same dtype map (the fast path of the next round). Anything else, and
+    any mix, is cast to the model's dtype.
+    """
+    f64, f32, f16, i64, i32 = map(np.dtype, (np.float64, np.float32, np.float16, np.int64, np.int32))
+    model = {"w": f64, "n": f64, "i": i64}
+    as_sent = {"w": f32, "n": i64, "i": i32}
+    assert round_dtypes([as_sent, as_sent], model) == (as_sent, False)
+    assert round_dtypes([as_sent, as_sent], model)[0] is as_sent
+    assert round_dtypes([model, model], model) == (model, False)
+    assert round_dtypes([as_sent, model], model) == ({"w": f64, "n": f64, "i": i64}, True)
+    for narrow in ({"w": f16, "n": i64, "i": i32}, {"w": f32, "n": i64, "i": f64}):
+        chosen, mixed = round_dtypes([narrow, narrow], model)
+        assert mixed and all(chosen[n] == (model[n] if narrow[n] not in (f32, i64, i32) else narrow[n])
+                             for n in model)
+    assert round_dtypes([{"w": f64}], {"w": f32}) == ({"w": f32}, True)  # wider than the model: cast
 
 
 # --------------------------------------------------------------------------- empty / failed rounds

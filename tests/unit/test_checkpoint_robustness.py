@@ -396,6 +396,18 @@ def test_a_saved_value_of_another_type_is_refused(tmp_path, task_identity, value
     refused_resume(path, MAKE[DP], "clipping_norm")
 
 
+@pytest.mark.parametrize(("chain", "key"), [("FedAvg", "1.FedAvg.arrayrecord_key"),
+                                            (DP, "2.FedAvgM.arrayrecord_key"), (DP, "2.FedAvgM.weighted_by_key")])
+def test_a_hostile_text_value_is_refused_before_round_1(tmp_path, task_identity, chain, key):
+    """Issue 28, 8: before, ``arrayrecord_key='x'`` was restored with a WARNING and round 1 failed with
+    ``KeyError: 'arrays'``. Text a strategy does not declare as its state is a setting (a record or
+    metric name): a checkpoint that changes it was not written by this chain."""
+    path = tmp_path / "lips.npz"
+    crashed_checkpoint(path, MAKE[chain])
+    rewrite(path, lambda g, m: m["strategy_meta"]["scalars"].update({key: "x"}))
+    refused_resume(path, MAKE[chain], rf"{key}.*'x'.*not written by this strategy chain")
+
+
 def test_each_restored_value_is_named_in_a_warning(tmp_path, task_identity, caplog):
     path = tmp_path / "lips.npz"
     crashed_checkpoint(path, MAKE[DP])

@@ -17,7 +17,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import Code, EvaluateRes, Status, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg as LegacyFedAvg
-from flwr.serverapp.strategy import FedAvg, FedAvgM
+from flwr.serverapp.strategy import FedAvg, FedAvgM, FedMedian
 
 from flower_fakes import (
     client_manager,
@@ -271,3 +271,78 @@ def test_a_reply_listing_its_arrays_in_another_order_is_kept(caplog):
     assert "ignoring reply" not in caplog.text
     got = to_numpy(new)
     np.testing.assert_allclose(got["fc.weight"], sum(m["fc.weight"] for m in trained) / 3, rtol=1e-5)
+
+
+# ----------------------------------------------------------------- ties in the vote
+def train_reply(model: dict, node: int, **metrics) -> Message:
+    record = MetricRecord({"num-examples": 10, "train-loss": 0.5, **metrics})
+    return message(RecordDict({"arrays": to_record(model), "metrics": record}), node)
+
+
+def test_a_tie_in_the_vote_never_goes_to_the_replies_that_came_first(caplog):
+    """Issue 28, 4: two replies with an extra metric key and wild weights arrive before two honest ones.
+
+    Before: a tie went to the first reply's signature, and FedMedian aggregated
+    only the odd two. Now it goes to the previous round's signature, else to
+    the fewest keys: here the honest replies, in round 1 and after it.
+    """
+    model = tiny_model()
+    strategy = LIPS(FedMedian(), num_rounds=ROUNDS, tau0=0.0)
+    for rnd in (1, 2):
+        honest = [update(model, node, rnd) for node in (3, 4)]
+        wild = [{k: v + 100.0 if v.dtype.kind == "f" else v for k, v in update(model, node, rnd).items()}
+                for node in (1, 2)]
+        list(strategy.configure_train(rnd, to_record(model), ConfigRecord(), grid(4)))
+        odd = [train_reply(m, node, extra=1.0) for m, node in zip(wild, (1, 2))]
+        with caplog.at_level(logging.WARNING):
+            new, _ = strategy.aggregate_train(rnd, odd + [train_reply(m, node) for m, node in zip(honest, (3, 4))])
+        for name in ("conv2.weight", "fc.weight"):
+            np.testing.assert_allclose(to_numpy(new)[name], (honest[0][name] + honest[1][name]) / 2, rtol=1e-6)
+        for node in (1, 2):
+            assert f"ignoring reply from node {node}: records or metric keys differ" in caplog.text
+        caplog.clear()
+
+
+def test_a_tie_goes_to_the_previous_rounds_signature_even_against_fewer_keys(caplog):
+    """After an honest round, two odd replies lacking a key (so: fewer keys) still lose the tie,
+    train and evaluate."""
+    model = tiny_model()
+    strategy = LIPS(FedMedian(), num_rounds=ROUNDS, tau0=0.0)
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid(4)))
+    strategy.aggregate_train(1, [train_reply(update(model, node, 1), node) for node in (1, 2, 3, 4)])
+    evaluate = lambda node, **m: message(RecordDict({"metrics": MetricRecord(  # noqa: E731
+        {"num-examples": 5, "acc": node / 10, **m})}), node)
+    strategy.aggregate_evaluate(1, [evaluate(node, loss=1.0) for node in (1, 2, 3, 4)])
+    honest = [update(model, node, 2) for node in (3, 4)]
+    wild = [{k: v + 100.0 if v.dtype.kind == "f" else v for k, v in update(model, node, 2).items()}
+            for node in (1, 2)]
+    lacking = [message(RecordDict({"arrays": to_record(m), "metrics": MetricRecord({"num-examples": 10})}), n)
+               for m, n in zip(wild, (1, 2))]
+    list(strategy.configure_train(2, to_record(model), ConfigRecord(), grid(4)))
+    with caplog.at_level(logging.WARNING):
+        new, _ = strategy.aggregate_train(2, lacking + [train_reply(m, node) for m, node in zip(honest, (3, 4))])
+        metrics = strategy.aggregate_evaluate(2, [evaluate(1), evaluate(2), evaluate(3, loss=1.0),
+                                                  evaluate(4, loss=1.0)])
+    np.testing.assert_allclose(to_numpy(new)["fc.weight"], (honest[0]["fc.weight"] + honest[1]["fc.weight"]) / 2,
+                               rtol=1e-6)
+    assert metrics["acc"] == pytest.approx(0.35)  # nodes 3 and 4
+    assert caplog.text.count("records or metric keys differ") == 4
+
+
+def test_a_tie_in_round_one_goes_to_the_record_the_model_was_sent_in(caplog):
+    """With no earlier round, replies whose ArrayRecord has the name the model went out under win a
+    tie against the same count under another name (here one that sorts first)."""
+    model = tiny_model()
+    strategy = LIPS(FedMedian(), num_rounds=ROUNDS, tau0=0.0)
+    honest = [update(model, node, 1) for node in (3, 4)]
+    wild = [{k: v + 100.0 if v.dtype.kind == "f" else v for k, v in update(model, node, 1).items()}
+            for node in (1, 2)]
+    odd = [message(RecordDict({"aaa": to_record(m), "metrics": MetricRecord({"num-examples": 10,
+                                                                            "train-loss": 0.5})}), n)
+           for m, n in zip(wild, (1, 2))]
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid(4)))
+    with caplog.at_level(logging.WARNING):
+        new, _ = strategy.aggregate_train(1, odd + [train_reply(m, node) for m, node in zip(honest, (3, 4))])
+    np.testing.assert_allclose(to_numpy(new)["fc.weight"], (honest[0]["fc.weight"] + honest[1]["fc.weight"]) / 2,
+                               rtol=1e-6)
+    assert "ignoring reply from node 1: records or metric keys differ" in caplog.text

@@ -10,8 +10,9 @@ to the legacy API is here; the round's sequence is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from flwr.common import (
@@ -37,6 +38,20 @@ if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
 
 _NAMES_HINT = "pass the names in the order the clients send them (e.g. list(net.state_dict().keys()))"
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _ends_the_run_on_error(method: _M) -> _M:
+    """An exception out of a Flower call ends a legacy run, which has no end hook: its checkpoint lock
+    goes then (a thread pool keeps the failed run's traceback), as after its last round's save."""
+    @functools.wraps(method)
+    def call(self: _LegacyLIPSMixin, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._lips_keeper.release()
+            raise
+    return call  # type: ignore[return-value]
 
 
 class _LegacyLIPSMixin(LIPSAdapter):
@@ -70,6 +85,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Rounds still to run: ``num_rounds`` minus the checkpoint's (for ``ServerConfig``)."""
         return self.core.schedule.num_rounds - self._lips_done
 
+    @_ends_the_run_on_error
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The wrapped strategy's initial model, or the checkpoint's when resuming."""
         initial = super().initialize_parameters(client_manager)  # type: ignore[misc]
@@ -84,6 +100,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self._lips_keeper.restore(self, checkpoint, given, self._to_state, self._from_state)
         return ndarrays_to_parameters(list(checkpoint.model.values()))
 
+    @_ends_the_run_on_error
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
@@ -105,6 +122,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
             raise ValueError(f"`param_names` do not match the model's arrays: {reason}; {_NAMES_HINT}")
         super()._check_first_model(model)
 
+    @_ends_the_run_on_error
     def aggregate_fit(
         self, server_round: int, results: FitResults, failures: FitFailures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
@@ -113,8 +131,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
         Results keep the order they came in (``tau0=0`` reproduces the wrapped
         strategy bit for bit); those that fail the reply gate's checks
         (:mod:`..replies.gate`, as in the Message API), or make the aggregate
-        non-finite, move to ``failures``; arrays in another dtype than most
-        results' are cast first.
+        non-finite, move to ``failures``; arrays in another dtype than the
+        global model's are cast to it first.
         """
         server_round = self._round(server_round)
         access = LegacyReplies(results, list(failures), server_round, self._views,
@@ -124,6 +142,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
             return parameters, metrics if metrics is not None else {}
         return parameters, {**(metrics or {}), **lips_metrics}
 
+    @_ends_the_run_on_error
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -136,6 +155,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         return [(proxy, EvaluateIns(ins.parameters, {**ins.config, **extra}))
                 for proxy, ins in instructions]
 
+    @_ends_the_run_on_error
     def aggregate_evaluate(
         self, server_round: int, results: EvaluateResults, failures: EvaluateFailures
     ) -> tuple[float | None, dict[str, Scalar]]:
@@ -145,6 +165,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         return super().aggregate_evaluate(  # type: ignore[misc]
             self._round(server_round), results, access.failures)
 
+    @_ends_the_run_on_error
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:

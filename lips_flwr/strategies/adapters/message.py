@@ -62,16 +62,19 @@ class _LIPSMixin(LIPSAdapter):
             log(WARNING, "LIPS: schedule uses num_rounds=%d but start() runs %d rounds",
                 self.core.num_rounds, num_rounds)
         keeper = self._lips_keeper
-        resumed = keeper.begin(self, self.core)
-        self._lips_done, arrays = 0, initial_arrays
-        self._lips_history = None if keeper.path is None else empty_history()
-        if resumed is not None:
-            keeper.restore(self, resumed, record_views(initial_arrays), self._to_state, self._from_state)
-            self._lips_done, arrays = resumed.round, numpy_to_record(resumed.model)
-            self._lips_history = history_from_json(resumed.history)
-        result = run_start(self, grid, arrays, num_rounds, self._lips_done, self._lips_history,  # type: ignore[arg-type]
-                           timeout, train_config, evaluate_config, evaluate_fn)
-        self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
+        try:  # however the run ends (a thread pool keeps a failed one's traceback), its lock goes
+            resumed = keeper.begin(self, self.core)
+            self._lips_done, arrays = 0, initial_arrays
+            self._lips_history = None if keeper.path is None else empty_history()
+            if resumed is not None:
+                keeper.restore(self, resumed, record_views(initial_arrays), self._to_state, self._from_state)
+                self._lips_done, arrays = resumed.round, numpy_to_record(resumed.model)
+                self._lips_history = history_from_json(resumed.history)
+            result = run_start(self, grid, arrays, num_rounds, self._lips_done, self._lips_history,  # type: ignore[arg-type]
+                               timeout, train_config, evaluate_config, evaluate_fn)
+            self._save_checkpoint(num_rounds, result.arrays)  # no configure_train follows the last round
+        finally:
+            keeper.release()
         return result
 
     def configure_train(
@@ -90,12 +93,12 @@ class _LIPSMixin(LIPSAdapter):
         as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
         reply that does not fit the global model, or whose records differ
         from most others', is dropped with a logged reason
-        (:mod:`..replies.gate`); an array in another dtype than most
-        replies' is cast first. Error replies pass on to the wrapped
+        (:mod:`..replies.gate`); an array in another dtype than the
+        global model's is cast to it first. Error replies pass on to the wrapped
         strategy, which counts them as failures.
         """
         access = MessageReplies(list(replies), server_round, self._weight_key(),
-                                super().aggregate_train)  # type: ignore[misc]
+                                super().aggregate_train, self._chain_key("arrayrecord_key"))  # type: ignore[misc]
         arrays, metrics, lips_metrics = self._aggregate_round(server_round, access)
         if arrays is not None:  # the round's lips-* metrics join the wrapped strategy's
             metrics = MetricRecord() if metrics is None else metrics
@@ -112,8 +115,13 @@ class _LIPSMixin(LIPSAdapter):
 
     def _weight_key(self) -> str | None:
         """The metric the wrapped chain weights replies by (Message FedAvg's ``weighted_by_key``)."""
+        return self._chain_key("weighted_by_key")
+
+    def _chain_key(self, setting: str) -> str | None:
+        """A key the wrapped chain reads replies by (``weighted_by_key``, ``arrayrecord_key``: the
+        record it sends the model in), from the outermost strategy that has it."""
         for inner in strategy_chain(self):
-            key = getattr(inner, "weighted_by_key", None)
+            key = getattr(inner, setting, None)
             if isinstance(key, str):
                 return key
         return None

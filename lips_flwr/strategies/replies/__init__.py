@@ -3,11 +3,13 @@
 - :mod:`.checks`: what makes one reply unusable (no flwr import);
 - :mod:`.headers`: the global model's ``.npy`` headers and the fast paths they allow;
 - :mod:`.dtypes`: the dtype a round is aggregated in, and the cast to it;
-- :mod:`.gate`: admission, the retry after a bad aggregate, the chain's state for it;
+- :mod:`.gate`: admission of the replies;
+- :mod:`.retry`: the checked aggregation, and its retry without the culprits;
 - :mod:`.message_access`, :mod:`.message_records`, :mod:`.legacy_access`: what the
   gate needs of each API's replies.
 """
 
-from .gate import Aggregated, ReplyAccess, ReplyGate
+from .gate import ReplyAccess, ReplyGate
+from .retry import Aggregated
 
 __all__ = ["Aggregated", "ReplyAccess", "ReplyGate"]

@@ -15,7 +15,8 @@ is missing, not a number, not finite, not positive or absurdly large. Dtype
 changes between real numeric types are accepted: Flower's own aggregation
 turns integer buffers into float64 (``num_batches_tracked``) and FedAdam
 returns float64 for float32 models, so clients legitimately send other dtypes
-back (:mod:`.dtypes` decides which dtype a round is aggregated in).
+back (:mod:`.dtypes` casts them to the model's). A bool is a number only for
+a bool array of the model (:func:`real_for`): True and False are no weights.
 
 A new value-level rule (a reply whose values are out of bounds, say) goes
 into :func:`reply_problem` when it reads the arrays of one reply, or into
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Mapping, Sequence
 from typing import cast
 
@@ -38,6 +40,11 @@ from ...core.checks import arrays_mismatch, nonfinite_arrays
 MAX_NUM_EXAMPLES = 2**53
 REAL_KINDS = "biuf"  # bool, signed and unsigned integers, floats
 MISSING = object()  # a reply without the example count the inner strategy weights by
+
+
+def real_for(dtype: np.dtype, model: np.dtype) -> bool:
+    """Whether a reply array of ``dtype`` holds real numbers for a model array of dtype ``model``."""
+    return dtype.kind in REAL_KINDS and (dtype.kind != "b" or model.kind == "b")
 
 
 def model_shapes(tensors: Mapping[str, bytes]) -> dict[str, tuple[int, ...]]:
@@ -119,36 +126,101 @@ def reply_problem(
     return None
 
 
+# A metric beyond this is left out: a weighted sum of a million replies, each weighted by up to
+# MAX_NUM_EXAMPLES examples as legacy means are (``sum(n * value) / sum(n)``), stays finite.
+MAX_METRIC = sys.float_info.max / (MAX_NUM_EXAMPLES * 2**20)  # ~1.9e286
+
+
+def metric_ok(value: object) -> bool:
+    """Whether a metric value (a number or a list of numbers) can enter a weighted mean: finite and
+    within ``+-MAX_METRIC`` (NaN fails every comparison). Anything else (text) is not looked at."""
+    if isinstance(value, list):
+        return all(map(metric_ok, value))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return True
+    # As a Python int or float (legacy metrics may hold numpy scalars, which would compare in float32).
+    number = int(value) if isinstance(value, numbers.Integral) else float(value)
+    return -MAX_METRIC <= number <= MAX_METRIC
+
+
+def stand_in(found: Sequence[tuple[object, float]]) -> object:
+    """The weighted mean of ``(value, weight)`` pairs of good metric values (lists element-wise), or
+    ``None`` without any: given to a bad value, it leaves the weighted mean of all replies the
+    weighted mean of the others."""
+    if not found:
+        return None
+    total = math.fsum(weight for _, weight in found)
+    first = found[0][0]
+    if isinstance(first, list):
+        return [math.fsum(float(cast(list, v)[i]) * w for v, w in found) / total for i in range(len(first))]
+    return math.fsum(float(cast(float, v)) * w for v, w in found) / total
+
+
 def culprit_among(
     models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[object] | None = None
 ) -> tuple[int, str] | None:
-    """The first model with NaN/Inf, else one whose values are large enough to overflow a sum.
+    """The first model with NaN/Inf, else one whose values are large enough to overflow a sum or a square.
 
     A sum of ``n`` finite terms overflows only when one is above ``max(dtype)
     / n`` or so; a term is a value times its weight where the strategy
     multiplies before it divides (legacy ``aggregate``: ``layer *
     num_examples``). The model with the largest such term is the culprit.
-    Below that, no model explains a non-finite aggregate: ``None``.
+    Else the model with the largest value whose square overflows float32
+    (float64 for float64 arrays): what an adaptive optimizer's second moment
+    (FedAdam's ``v_t``) squares. Below both, no model explains a non-finite
+    aggregate or state: ``None``.
     """
-    largest, peak_of, where = 0.0, 0.0, None
     for i, model in enumerate(models):
         bad = nonfinite_arrays(model)
         if bad:
             return i, f"NaN or Inf in arrays {bad[:5]}"
-        weight = weights[i] if weights is not None else 1.0
-        scale = max(1.0, float(weight)) if isinstance(weight, (int, float)) else 1.0
-        for data in model.values():
-            if data.dtype.kind == "f" and data.size:
-                peak = float(np.max(np.abs(data)))
-                term = peak * scale
-                if term >= float(np.finfo(data.dtype).max) / (2 * len(models)) and term > largest:
-                    largest, peak_of, where = term, peak, i
-    if where is None:
+    found = [_extremes(model, _scale(weights, i)) for i, model in enumerate(models)]
+    if not found:
         return None
-    return where, f"its values (up to {peak_of:.3g}) overflow the aggregate"
+    largest = max(range(len(found)), key=lambda i: found[i][0])
+    if found[largest][0] >= 1 / (2 * len(models)):
+        return largest, f"its values (up to {found[largest][1]:.3g}) overflow the aggregate"
+    largest = max(range(len(found)), key=lambda i: found[i][2])
+    if found[largest][2] >= 1:
+        return largest, f"its values (up to {found[largest][3]:.3g}) overflow when squared"
+    return None
+
+
+def ranked_by_reach(models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[object]) -> list[int]:
+    """Indices of ``models``, the one whose (weighted) values come closest to overflowing first."""
+    found = [_extremes(model, _scale(weights, i)) for i, model in enumerate(models)]
+    return sorted(range(len(models)), key=lambda i: -found[i][0])
+
+
+def _scale(weights: Sequence[object] | None, index: int) -> float:
+    weight = weights[index] if weights is not None else 1.0
+    return max(1.0, float(weight)) if isinstance(weight, (int, float)) else 1.0
+
+
+def _extremes(model: Mapping[str, np.ndarray], scale: float) -> tuple[float, float, float, float]:
+    """``(term, its value, square, its value)``: the largest ``|value| * scale / max(dtype)`` of a
+    model's floating-point arrays, and the largest ``|value| / sqrt(max)`` (float32's max for
+    narrower floats), each with the ``|value|`` it comes from (all 0.0 without floats)."""
+    term = term_of = square = square_of = 0.0
+    for data in model.values():
+        if data.dtype.kind == "f" and data.size:
+            peak = float(np.max(np.abs(data)))
+            ratio = peak * scale / float(np.finfo(data.dtype).max)
+            if ratio > term:
+                term, term_of = ratio, peak
+            ratio = peak / _SQUARE_BOUND[data.dtype.itemsize > 4]
+            if ratio > square:
+                square, square_of = ratio, peak
+    return term, term_of, square, square_of
+
+
+# Values above these overflow when squared: in float32 (float16 arrays are squared in float32 or
+# wider by Flower's optimizers, or overflow their own state), and in float64.
+_SQUARE_BOUND = (math.sqrt(float(np.finfo(np.float32).max)), math.sqrt(float(np.finfo(np.float64).max)))
 
 
 __all__ = [
-    "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "model_shapes",
-    "num_examples_problem", "reply_problem", "serialization_problem",
+    "MAX_METRIC", "MAX_NUM_EXAMPLES", "MISSING", "REAL_KINDS", "culprit_among", "metric_ok", "model_shapes",
+    "num_examples_problem", "ranked_by_reach", "real_for", "reply_problem", "serialization_problem",
+    "stand_in",
 ]

@@ -1,65 +1,68 @@
 """The dtypes a round's replies are aggregated in, and the cast to them (no flwr import).
 
-Flower's aggregation accumulates into the first reply's dtype: a float16 or
-integer reply listed first would otherwise narrow the whole aggregate. The
-gate votes per array (:func:`round_dtypes`) and re-serializes the arrays of
-the other dtypes (:func:`cast_array`) before the wrapped strategy sees them.
+Replies are aggregated in the dtypes of the global model the server sent,
+whatever most replies send: Flower's aggregation accumulates into the first
+reply's dtype, and a vote would let a majority of int32 or float16 replies
+truncate or narrow the honest ones. The gate re-serializes each reply array of
+another dtype (:func:`cast_array`) before the wrapped strategy sees it, with
+one exception (:func:`kept_as_sent`): where every reply sends one same dtype
+that the model's holds exactly, and that is integers, or float32 for a float64
+model, the replies are left as sent. That is Flower's own doing, a round
+earlier: its FedAvg averages integer buffers (``num_batches_tracked``) into
+float64 and FedAdam returns float64 for a float32 model, while the clients
+keep sending their own dtypes; nothing is narrowed, and no reply pays a cast
+on a good round.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..._npy import read_npy
 
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def kept_as_sent(sent: np.dtype, model: np.dtype) -> bool:
+    """Whether replies that all send ``sent`` for a ``model`` array are aggregated as sent.
+
+    Integers that the model's integer type holds exactly, and integers or
+    float32 for a float64 model (what Flower's arithmetic made of them); any
+    other dtype is cast to the model's.
+    """
+    if sent == model:
+        return True
+    if sent.kind not in "iuf" or not np.can_cast(sent, model, "safe"):
+        return False
+    if model == _FLOAT64:
+        return sent.kind in "iu" or sent == _FLOAT32
+    return sent.kind in "iu" and model.kind in "iu"
+
 
 def round_dtypes(
-    dtypes: Sequence[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
+    dtypes: Sequence[Mapping[str, np.dtype]], model: Mapping[str, np.dtype]
 ) -> tuple[Mapping[str, np.dtype], bool]:
     """The dtypes a round's replies are aggregated in, and whether any reply must be cast to them.
 
-    ``dtypes`` holds each kept reply's ``name -> dtype``. No reply: the global
-    model's (``previous``), nothing to cast. Replies whose headers were all
-    known share one map (the checks' fast path): that map, nothing to cast,
-    nothing counted. Otherwise :func:`common_dtypes`.
+    ``dtypes`` holds each kept reply's ``name -> dtype``; ``model`` is the
+    global model's. Per array: the model's dtype, unless every reply sends one
+    dtype :func:`kept_as_sent` leaves alone. Replies whose headers were all
+    known share one map (the checks' fast path): it is read once, not per reply.
     """
-    if not dtypes:
-        return previous, False
-    if all(found is dtypes[0] for found in dtypes):
-        return dtypes[0], False
-    return common_dtypes(dtypes, previous), True
-
-
-def common_dtypes(
-    dtypes: Sequence[Mapping[str, np.dtype]], previous: Mapping[str, np.dtype]
-) -> dict[str, np.dtype]:
-    """Per array, the dtype most replies send; a tie goes to the global model's dtype, else the widest.
-
-    ``dtypes`` holds each reply's ``name -> dtype``. The replies are then
-    aggregated in these dtypes whatever their order.
-    """
-    # Replies that look like the global model share one dtype map (the fast path of
-    # fast_reply_problem): count each distinct map once, with its number of replies.
-    distinct: dict[int, list] = {}
-    for found in dtypes:
-        distinct.setdefault(id(found), [found, 0])[1] += 1
-    if len(distinct) == 1:
-        return dict(dtypes[0]) if dtypes else {}
-    votes: dict[str, Counter] = {}
-    for found, count in distinct.values():
-        for name, dtype in found.items():
-            votes.setdefault(name, Counter())[dtype] += count
-    out: dict[str, np.dtype] = {}
-    for name, counter in votes.items():
-        best = max(counter.values())
-        tied = [dtype for dtype, n in counter.items() if n == best]
-        here = previous.get(name)
-        out[name] = here if here is not None and here in tied else max(
-            tied, key=lambda d: (d.kind == "f", d.itemsize))
-    return out
+    distinct = {id(found): found for found in dtypes}
+    if not distinct or (len(distinct) == 1 and dtypes[0] is model):
+        return model, False
+    chosen = {}
+    for name, dtype in model.items():
+        sent = {found[name] for found in distinct.values()}
+        only = sent.pop() if len(sent) == 1 else None
+        chosen[name] = only if only is not None and kept_as_sent(only, dtype) else dtype
+    mixed = any(found[name] != dtype for found in distinct.values() for name, dtype in chosen.items())
+    if len(distinct) == 1 and not mixed:
+        return dtypes[0], False  # the same object: the next round's fast path knows it
+    return chosen, mixed
 
 
 def cast_array(data: bytes, dtype: np.dtype) -> np.ndarray:
@@ -70,4 +73,4 @@ def cast_array(data: bytes, dtype: np.dtype) -> np.ndarray:
     return read_npy(data).astype(dtype, order="C")
 
 
-__all__ = ["cast_array", "common_dtypes", "round_dtypes"]
+__all__ = ["cast_array", "kept_as_sent", "round_dtypes"]

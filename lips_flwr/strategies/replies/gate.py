@@ -2,10 +2,11 @@
 
 One round's train replies pass through :meth:`ReplyGate.admit` (per reply:
 its records, its weight, its arrays' headers against the global model's; then
-the Message API's vote on records and metric keys, and the dtype vote and
-cast) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
-its aggregate checked for NaN/Inf in one pass, and on a bad aggregate the
-culprit's search, its drop and a retry from the chain's state as it was).
+the Message API's vote on records and metric keys, and the cast to the
+global model's dtypes) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
+its aggregate and the chain's state checked for NaN/Inf in one pass, and
+when they are not finite the culprits' search, their drop and a retry from
+the chain's state as it was: :mod:`.retry`).
 Each API gives the gate a :class:`ReplyAccess` for its replies
 (:mod:`.message_access`, :mod:`.legacy_access`) and a :class:`ModelCodec`
 for its models (the adapter); a fix to reply handling lands here once.
@@ -14,17 +15,17 @@ for its models (the adapter); a fix to reply handling lands here once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from logging import ERROR, WARNING
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Mapping, MutableMapping
+from logging import WARNING
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from flwr.common import log
 
-from ...core.checks import nonfinite_arrays
-from .checks import culprit_among, num_examples_problem
+from .checks import MAX_METRIC, metric_ok, num_examples_problem, stand_in
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
+from .retry import Aggregated, aggregate_checked
 
 R = TypeVar("R")  # one reply in the API's type
 Model = dict[str, np.ndarray]
@@ -76,13 +77,18 @@ class ReplyAccess(ABC, Generic[R]):
     def read_metrics(self, reply: R) -> ReadReply:
         """What the checks need of an evaluate reply: its weight (and signature)."""
 
-    def vote(self, reads: list[ReadReply]) -> dict[int, str]:
-        """``{index: reason}`` of the replies whose records differ from most others' (Message API)."""
+    def vote(self, reads: list[ReadReply], previous: tuple | None) -> dict[int, str]:
+        """``{index: reason}`` of the replies whose records differ from most others' (Message API);
+        ``previous``: the signature of the last round's accepted replies, for a tie."""
         return {}
 
     def stype_problem(self, reply: R) -> str | None:
         """Why an array's serialization is not numpy's (Message API ``Array.stype``), or ``None``."""
         return None
+
+    @abstractmethod
+    def metric_records(self, reply: R) -> list[MutableMapping[str, Any]]:
+        """The reply's metrics, as mappings the gate may change (a bad value out)."""
 
     @abstractmethod
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
@@ -122,26 +128,21 @@ class ModelCodec(Protocol):
     def _serialized(self, model: Any) -> tuple[list[str], list[Any]]: ...
     def _views(self, model: Any) -> Model: ...
     def _parse_aggregate(self, aggregate: Any) -> Model: ...
-
-
-class Aggregated(NamedTuple):
-    """The wrapped strategy's aggregate as the gate let it through (all ``None``: none)."""
-
-    aggregate: Any
-    metrics: Any
-    views: Model | None  # read-only, in the global model's order, finite
+    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None: ...
 
 
 class ReplyGate:
-    """The checks, the dtype vote and the retry of one LIPS strategy, for both APIs.
+    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs.
 
     It keeps, between rounds, the global model's headers and the headers
-    replies sent in another dtype (:class:`.headers.HeaderCache`).
+    replies sent in another dtype (:class:`.headers.HeaderCache`), and the
+    signature of the last accepted replies (a tie in the next vote goes to it).
     """
 
     def __init__(self, models: ModelCodec) -> None:
         self.models = models
         self.headers = HeaderCache()
+        self.accepted: dict[str, tuple] = {}  # "train"/"evaluate" -> the last accepted replies' signature
 
     # ------------------------------------------------------------ the global model
     def model_headers(self, previous: Any) -> ModelHeaders:
@@ -178,7 +179,7 @@ class ReplyGate:
 
         A reply that does not fit the global model, or (Message API) whose
         records differ from most others', is logged and dropped; an array in
-        another dtype than most replies' is re-serialized in place.
+        another dtype than the global model's is re-serialized in it (:mod:`.dtypes`).
         """
         headers = self.model_headers(previous)
         reads = []
@@ -189,7 +190,8 @@ class ReplyGate:
                 reads.append(read)
             else:
                 self.drop(access, reply, reason)
-        reads = self._voted(access, reads)
+        reads = self._voted(access, reads, "train")
+        self._leave_out_bad_metrics(access, reads)
         chosen, mixed = round_dtypes([read.dtypes for read in reads], headers.dtype)
         if mixed:
             for read in reads:
@@ -211,7 +213,9 @@ class ReplyGate:
                 reads.append(read)
             else:
                 self.drop(access, reply, reason)
-        return [read.reply for read in self._voted(access, reads)]
+        reads = self._voted(access, reads, "evaluate")
+        self._leave_out_bad_metrics(access, reads)
+        return [read.reply for read in reads]
 
     def _problem(self, access: ReplyAccess[R], read: ReadReply, headers: ModelHeaders) -> str | None:
         """Why a reply cannot be aggregated into the global model: its weight, then its arrays' headers.
@@ -235,11 +239,41 @@ class ReplyGate:
             reason, read.dtypes = fast_reply_problem(headers, dict(zip(read.names, read.datas)))
         return reason
 
-    def _voted(self, access: ReplyAccess[R], reads: list[ReadReply]) -> list[ReadReply]:
-        odd = access.vote(reads) if len(reads) > 1 else {}
+    def _voted(self, access: ReplyAccess[R], reads: list[ReadReply], kind: str) -> list[ReadReply]:
+        odd = access.vote(reads, self.accepted.get(kind)) if len(reads) > 1 else {}
         for index, reason in odd.items():
             self.drop(access, reads[index].reply, reason)
-        return [read for i, read in enumerate(reads) if i not in odd] if odd else reads
+        kept = [read for i, read in enumerate(reads) if i not in odd] if odd else reads
+        if kept:
+            self.accepted[kind] = kept[0].signature
+        return kept
+
+    def _leave_out_bad_metrics(self, access: ReplyAccess[R], reads: list[ReadReply]) -> None:
+        """Leave NaN, Inf and values beyond ``MAX_METRIC`` out of the aggregated metrics, a WARNING each.
+
+        A bad value becomes the weighted mean of the other replies' values for
+        its key (:func:`.checks.stand_in`), so that a weighted mean of all
+        replies is theirs; a key no reply has a good value for goes from every
+        reply. The reply's arrays still count.
+        """
+        found = [(read, record) for read in reads for record in access.metric_records(read.reply)]
+        bad: dict[str, list[tuple[ReadReply, MutableMapping[str, Any]]]] = {}
+        for read, record in found:
+            for key, value in record.items():
+                if key != read.weight_key and not metric_ok(value):
+                    bad.setdefault(key, []).append((read, record))
+        for key, spoilt in bad.items():
+            for read, record in spoilt:
+                log(WARNING, "LIPS: leaving the metric %r of %s (%r) out of the aggregate: not a finite "
+                    "number within +-%.3g", key, access.sender(read.reply), record[key], MAX_METRIC)
+            left_out = {id(record) for _, record in spoilt}
+            value = stand_in([(record[key], _weight(read.weight)) for read, record in found
+                              if key in record and id(record) not in left_out])
+            for _, record in found if value is None else spoilt:
+                if value is None:
+                    record.pop(key, None)
+                else:
+                    record[key] = value
 
     def drop(self, access: ReplyAccess[R], reply: R, reason: str) -> None:
         """Leave ``reply`` out: one line, the same in both APIs (tests and users grep it)."""
@@ -249,101 +283,27 @@ class ReplyGate:
     # --------------------------------------------------------------- aggregation
     def aggregate(self, access: ReplyAccess[R], replies: list[R], chain: list, server_round: int,
                   previous: Any) -> Aggregated:
-        """The wrapped strategy's aggregate of ``replies``, finite, or nothing.
+        """The wrapped strategy's aggregate of ``replies``, finite with the chain's state, or nothing.
 
-        The aggregate, not each reply, is checked for NaN/Inf: one pass on a
-        good round. When it is not finite, the reply that made it so (NaN/Inf,
-        or values that overflow) is dropped, the wrapped chain's state is put
-        back as it was before the aggregation, and the rest are aggregated
-        again. An aggregate that stays non-finite is not returned: the round
-        keeps the previous global model. When the wrapped strategy raises on
-        replies that passed the header checks, those it cannot read (another
+        The aggregate and the chain's declared state, not each reply, are
+        checked for NaN/Inf: one pass on a good round. When either is not
+        finite, the replies that made it so are dropped, the chain's state is
+        put back as it was before the aggregation, and the rest are
+        aggregated again (:mod:`.retry`); when none do, the round keeps the
+        previous global model. When the wrapped strategy raises on replies
+        that passed the header checks, those it cannot read (another
         serialization) are dropped and the rest aggregated again; when it
         names none, the exception is the wrapped strategy's own and
         propagates. A chain with a privacy accountant is checked reply by
         reply before it aggregates instead: a retry would compose its
         privacy release twice.
         """
-        replies = list(replies)
-        access.snapshot(replies)
-        state = chain_state(chain)
-        inner = type(chain[1] if len(chain) > 1 else chain[0]).__name__
-        irreversible = any(getattr(strategy, "accountant", None) is not None for strategy in chain)
-        if irreversible:
-            while (found := self._culprit(access, replies)) is not None and found[1].startswith("NaN or Inf"):
-                self.drop(access, replies.pop(found[0]), found[1])
-            self._drop_all(access, replies, self._unreadable(access, replies))
-        try:
-            aggregate, metrics = access.aggregate(replies)
-        except Exception as err:
-            bad = [] if irreversible else self._unreadable(access, replies)
-            if not bad:
-                raise
-            log(WARNING, "LIPS: round %d: %s raised %s: %s; dropping the %d replies it cannot read "
-                "and aggregating the rest again", server_round, inner, type(err).__name__, err, len(bad))
-            restore_chain_state(state)
-            self._drop_all(access, replies, bad)
-            access.restore()
-            aggregate, metrics = access.aggregate(replies)
-        views = None if aggregate is None else self.aggregate_views(aggregate, previous)
-        while views is not None and nonfinite_arrays(views):
-            restore_chain_state(state)
-            found = None if irreversible else self._culprit(access, replies)
-            if found is None:
-                why = ("a retry would compose its privacy release twice" if irreversible
-                       else "no reply explains it")
-                log(ERROR, "LIPS: round %d: the aggregate of %s has NaN or Inf in %s and %s; it is "
-                    "not broadcast, the global model stays as it was",
-                    server_round, inner, nonfinite_arrays(views)[:5], why)
-                return Aggregated(None, None, None)  # nor the metrics of that aggregate
-            self.drop(access, replies.pop(found[0]), found[1])
-            access.restore()
-            aggregate, metrics = access.aggregate(replies)
-            views = None if aggregate is None else self.aggregate_views(aggregate, previous)
-        return Aggregated(aggregate, metrics, views)
-
-    def _culprit(self, access: ReplyAccess[R], replies: list[R]) -> tuple[int, str] | None:
-        """``(index, reason)`` of the reply that makes an aggregate non-finite (reads every array)."""
-        access.restore()
-        return culprit_among([access.views(reply) for reply in replies],
-                             [access.overflow_weight(reply) for reply in replies])
-
-    def _unreadable(self, access: ReplyAccess[R], replies: list[R]) -> list[tuple[int, str]]:
-        """``(index, reason)`` of each reply with an array in another serialization than numpy's."""
-        access.restore()
-        found = enumerate(map(access.stype_problem, replies))
-        return [(i, reason) for i, reason in found if reason is not None]
-
-    def _drop_all(self, access: ReplyAccess[R], replies: list[R], found: list[tuple[int, str]]) -> None:
-        for index, reason in sorted(found, reverse=True):
-            self.drop(access, replies.pop(index), reason)
+        return aggregate_checked(self, access, replies, chain, server_round, previous)
 
 
-# A retry must undo whatever the wrapped chain did while it aggregated, its own bookkeeping
-# included (a DP wrapper pops its pending privacy event; a user's strategy counts rounds), not
-# only the state a checkpoint declares (resume/chain_state.py): so this snapshot stays generic.
-# Flower's strategies rebind what they keep (``self.current_arrays = ...``) or edit a dict or
-# list they hold, so references and containers copied one level deep undo an aggregation; no
-# array data is copied on a good round.
-def chain_state(chain: list) -> list[tuple[Any, dict, dict]]:
-    """Each strategy of the chain with a copy of its attributes, containers one level deep."""
-    return [
-        (inner, dict(vars(inner)),
-         {k: v.copy() for k, v in vars(inner).items() if isinstance(v, (dict, list, set))})
-        for inner in chain
-    ]
+def _weight(weight: object) -> float:
+    """A reply's weight in a mean of its metrics: its example count when it is a number, else 1."""
+    return float(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else 1.0
 
 
-def restore_chain_state(state: list[tuple[Any, dict, dict]]) -> None:
-    """Put each strategy's attributes back as :func:`chain_state` found them."""
-    for inner, attributes, containers in state:
-        vars(inner).clear()
-        vars(inner).update(attributes)
-        for name, saved in containers.items():
-            live = attributes[name]
-            live.clear()
-            live.update(saved) if not isinstance(live, list) else live.extend(saved)
-
-
-__all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate", "chain_state",
-           "restore_chain_state"]
+__all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate"]

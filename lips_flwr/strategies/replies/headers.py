@@ -17,7 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from ..._npy import npy_header, read_npy
-from .checks import REAL_KINDS, num_examples_problem, reply_problem
+from .checks import num_examples_problem, real_for, reply_problem
 
 
 class ModelHeaders:
@@ -63,7 +63,7 @@ class ModelHeaders:
         prefixes, lengths, dtype = list(self._prefixes), list(self._lengths), dict(self.dtype)
         for i, name in enumerate(self.names):
             found = npy_header(replied[name]) if name in replied else None
-            if found is None or found[1] != self.shape[name] or found[2].kind not in REAL_KINDS:
+            if found is None or found[1] != self.shape[name] or not real_for(found[2], self.dtype[name]):
                 continue
             prefixes[i], lengths[i], dtype[name] = found[0], found[3], found[2]
         changed = dtype != self.dtype or prefixes != list(self._prefixes)
@@ -163,7 +163,12 @@ def fast_reply_problem(
     reason = reply_problem(headers.shape, tensors, num_examples, weight_key, finite=False)
     if reason is not None:
         return reason, {}
-    return None, {name: read_npy(data).dtype for name, data in tensors.items()}
+    dtypes = {name: read_npy(data).dtype for name, data in tensors.items()}
+    for name, dtype in dtypes.items():
+        if not real_for(dtype, headers.dtype[name]):
+            return (f"array {name!r} has dtype {dtype}, not a real number type for the model's "
+                    f"{headers.dtype[name]}"), {}
+    return None, dtypes
 
 
 class HeaderCache:

@@ -55,6 +55,9 @@ class LegacyReplies(ReplyAccess[Result]):
         read.weight, read.weight_key = reply[1].num_examples, "num_examples"
         return read
 
+    def metric_records(self, reply: Result) -> list[Any]:
+        return [reply[1].metrics] if isinstance(reply[1].metrics, dict) else []
+
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
         data = read.datas[index] = ndarray_to_bytes(array)
         read.reply[1].parameters.tensors[index] = data

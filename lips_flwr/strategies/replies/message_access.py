@@ -91,8 +91,8 @@ class MessageReplies(ReplyAccess[Message]):
     """
 
     def __init__(self, replies: list[Message], server_round: int, weight_key: str | None,
-                 inner: InnerAggregate | None = None) -> None:
-        self.replies = replies
+                 inner: InnerAggregate | None = None, array_key: str | None = None) -> None:
+        self.replies, self._array_key = replies, array_key
         self.candidates = [msg for msg in replies if not msg.has_error()]
         self._round, self._weight_key, self._inner = server_round, weight_key, inner
         self._reads: dict[int, MessageRead] = {}
@@ -116,8 +116,9 @@ class MessageReplies(ReplyAccess[Message]):
         read.signature = ((), metric_signature(metrics))
         return read
 
-    def vote(self, reads: list[ReadReply]) -> dict[int, str]:
-        return consistent([read.reply for read in reads], True, [read.signature for read in reads])[1]
+    def vote(self, reads: list[ReadReply], previous: tuple | None) -> dict[int, str]:
+        return consistent([read.reply for read in reads], True, [read.signature for read in reads],
+                          previous, self._array_key)[1]
 
     def stype_problem(self, reply: Message) -> str | None:
         for _, record in records(reply, ArrayRecord):
@@ -125,6 +126,9 @@ class MessageReplies(ReplyAccess[Message]):
             if reason is not None:
                 return reason
         return None
+
+    def metric_records(self, reply: Message) -> list[Any]:
+        return [record for _, record in records(reply, MetricRecord)]
 
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
         assert isinstance(read, MessageRead) and read.record is not None

@@ -111,12 +111,16 @@ def metric_signature(metrics: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple:
 
 
 def consistent(
-    replies: list[Message], arrays: bool, signatures: list[tuple] | None = None
+    replies: list[Message], arrays: bool, signatures: list[tuple] | None = None,
+    previous: tuple | None = None, array_key: str | None = None,
 ) -> tuple[list[Message], dict[int, str]]:
     """The replies that share the most common signature, and why each other one differs.
 
-    Ties go to the signature of the first reply that has one of the tied
-    signatures (replies in arrival order). ``signatures``: each reply's
+    A tie never goes by arrival order (which an attacker may win): to the
+    signature of the previous accepted round (``previous``), then to one with
+    its arrays in the record the model was sent in (``array_key``), then to
+    the one with the fewest records and metric keys (what is extra is odd),
+    then to the least in sort order. ``signatures``: each reply's
     :func:`signature`, when already built (the gate's reads). Returns
     ``(kept, {index in replies: reason})``.
     """
@@ -129,7 +133,13 @@ def consistent(
         return replies, {}
     counts = Counter(signatures)
     best = max(counts.values())
-    chosen = next(sig for sig in signatures if counts[sig] == best)
+
+    def rank(sig: tuple) -> tuple:
+        names_kept = [name for name, _ in sig[0]]
+        size = len(sig[0]) + sum(1 + len(keys) for _, keys in sig[1])
+        return sig != previous, array_key is not None and names_kept != [array_key], size, repr(sig)
+
+    chosen = min((sig for sig, count in counts.items() if count == best), key=rank)
     kept, reasons = [], {}
     for i, (msg, sig) in enumerate(zip(replies, signatures)):
         if sig == chosen:

@@ -256,7 +256,9 @@ def restore_state(
     attribute of the chain that holds no other object and, unless saved as
     ``unshaped``, has the names and shapes of ``model`` (the checkpoint's);
     each value goes to an attribute holding a value of its kind (a number for
-    a number, a string for a string, a bool for a bool; any over ``None``).
+    a number, a string for a string, a bool for a bool; any over ``None``),
+    and text only to declared state (other text is a setting: a record or
+    metric name the run's replies are read by).
     Each restored value that differs from the strategy's is named in a
     warning: it replaces what the strategy was built with.
     """
@@ -306,6 +308,10 @@ def restore_state(
             raise ValueError(f"the checkpoint's value for {key!r} is a {type(value).__name__} "
                              f"({value!r}), the strategy's a {type(live).__name__} ({live!r}): "
                              "not written by this strategy chain")
+        if saved_kind == "str" and value != live and attribute not in declared_state(inner)[0]:
+            raise ValueError(f"the checkpoint's value for {key!r} ({value!r}) would replace {live!r}: text "
+                             "a strategy does not declare as its state is a setting (a record or metric "
+                             "name), which a checkpoint does not change: not written by this strategy chain")
         updates.append((inner, attribute, value))
         if _scalar(live) != value or type(_scalar(live)) is not type(value):
             restored.append(f"{key} = {value!r} (built with {live!r})")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,7 @@ class CheckpointKeeper:
         has other settings or state that does not fit them, when it cannot be
         written, or (``resume=False``) when the file is not a LIPS checkpoint.
         """
-        self._release()
+        self.release()
         self.saved_round, self.seconds, self._pending_random = None, None, None
         self.run_key, self.identity, self._history = None, None, None
         self._chain.begin(owner)  # the wrapped strategies' settings, before any round
@@ -89,7 +89,7 @@ class CheckpointKeeper:
         try:
             return self._begin(core)
         except BaseException:
-            self._release()
+            self.release()
             raise
 
     def _begin(self, core: LIPSCore) -> Checkpoint | None:
@@ -116,7 +116,7 @@ class CheckpointKeeper:
         self._history = HistoryLog(self.path, self.run_key)
         self._history.adopt(found)
         if found.round >= found.num_rounds:
-            self._release()  # nothing left to write
+            self.release()  # nothing left to write
         return found
 
     def restore(
@@ -132,7 +132,7 @@ class CheckpointKeeper:
         try:
             self._restore(owner, checkpoint, initial_model, to_state, from_state)
         except BaseException:
-            self._release()
+            self.release()
             raise
         # Restored at the first round, not now: the run may draw random numbers before it
         # (Flower evaluates the initial model first) that the original run drew before saving.
@@ -184,7 +184,9 @@ class CheckpointKeeper:
         Round 0 writes nothing: its ``model`` is the run's initial model, whose
         fingerprint becomes the run's identity. ``history`` (per-round
         metrics) is appended to the history file, a round at a time. After the
-        last round the lock goes: the run is over.
+        last round the lock goes: the run is over. A save the OS refuses is an
+        ERROR naming the checkpoint and the error, and the run goes on: the
+        next round's save writes the state then.
         """
         if self.path is None:
             return
@@ -201,15 +203,22 @@ class CheckpointKeeper:
         checkpoint.identity = self.identity
         checkpoint.python_random = python_random_state()
         checkpoint.numpy_random = numpy_random_state()
-        if history is not None:
-            if self._history is None:
-                self._history = HistoryLog(self.path, self.run_key)
-            checkpoint.history_bytes = self._history.append(history, server_round)
-        save_checkpoint(self.path, checkpoint)
+        try:
+            if history is not None:
+                if self._history is None:
+                    self._history = HistoryLog(self.path, self.run_key)
+                checkpoint.history_bytes = self._history.append(history, server_round)
+            save_checkpoint(self.path, checkpoint)
+        except OSError as err:  # a full disk, a folder turned read-only: the run is worth more
+            held = "none written yet" if self.saved_round is None else f"it holds round {self.saved_round}"
+            log(ERROR, "LIPS: cannot write the checkpoint %r after round %d (%s: %s): the run goes on; "
+                "the next round's save tries again (%s)", self.path, server_round, type(err).__name__, err,
+                held)
+            return
         self.saved_round = server_round
         self.seconds = time.perf_counter() - start
         if server_round >= checkpoint.num_rounds:
-            self._release()  # the run is over: another may use the path
+            self.release()  # the run is over: another may use the path
 
     def _hold_lock(self) -> None:
         """``ValueError`` when another run took the checkpoint over; take the lock if not held."""
@@ -219,7 +228,8 @@ class CheckpointKeeper:
         if self._lock is None or not self._lock.held:
             self._lock = lock_checkpoint(self.path)
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """The run is over (done or failed): let another run write the checkpoint."""
         if self._lock is not None:
             self._lock.release()
 
