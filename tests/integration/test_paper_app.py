@@ -114,7 +114,7 @@ def test_run_grid_fails_when_every_client_fails_to_load_its_data(tmp_path):
 def test_the_batched_grid_is_the_same_experiment_as_flwr_run(flwr, tmp_path):
     """Five rounds of LIPS on the batched Grid and under `flwr run`: client-mean accuracies within 0.5 points.
 
-    (Each node's round-1 reply equals the ClientApp's own: tests/unit/test_batched_grid.py.)
+    (Each node's round-1 reply equals the ClientApp's own: tests/unit/experiments/batched/test_grid.py.)
     """
     from lips_flwr.experiments.runner.apps import import_components, load_app, resolve_run_config
     from lips_flwr.experiments.batched import run_batched

@@ -26,6 +26,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1]), str(HERE)]  # the checkout's lips_flwr, the test helpers
+from unit_paths import add_test_folders  # noqa: E402
+
+add_test_folders()  # the test modules whose helpers this script imports, in tests/unit's subfolders
 
 from flwr.app import ConfigRecord  # noqa: E402
 from flwr.common import ndarrays_to_parameters  # noqa: E402

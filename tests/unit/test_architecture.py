@@ -175,3 +175,17 @@ def test_no_object_rewrites_its_own_class():
             rewrites += [str(path.relative_to(PACKAGE)) for t in targets
                          if isinstance(t, ast.Attribute) and t.attr == "__class__"]
     assert rewrites == []
+
+
+def test_the_unit_tests_mirror_the_package():
+    """tests/unit's folders are the package's (examples/ holds the example scripts' tests), names unique.
+
+    Unique test module names: pytest's default import mode, and the test
+    modules that import each other's helpers by name (``unit_paths``), need it.
+    """
+    unit = Path(__file__).resolve().parent
+    tests = sorted(unit.rglob("test_*.py"))
+    folders = {path.parent.relative_to(unit) for path in tests} - {Path(".")}
+    assert sorted(str(f) for f in folders if f.parts[0] != "examples" and not (PACKAGE / f).is_dir()) == []
+    names = [path.name for path in tests]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -1,6 +1,6 @@
 """Bad input to the LIPS strategies of both APIs: rejected with a reason, or a clear error.
 
-Each test is a row of docs/robustness.md. Replies are mocked (no Ray): Message
+docs/robustness.md cites these tests by input. Replies are mocked (no Ray): Message
 API ``Mock(spec=Message)`` replies, legacy ``FitRes`` with mocked proxies.
 """
 

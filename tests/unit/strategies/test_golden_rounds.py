@@ -14,7 +14,7 @@ are now observed on the *unmasked* aggregate (they used to see the masked
 model), so the ``inertia-*`` metrics of runs with ``inertia_t0``, the new
 ``lips-mask-change/<layer>`` metrics that report the mask's change apart, and
 the checkpoint's inertia series are not pinned here;
-``test_core_round.py::test_inertia_sees_the_unmasked_aggregate`` pins the
+``core/test_lips_core.py::test_inertia_sees_the_unmasked_aggregate`` pins the
 new behaviour instead.
 
 A second difference is deliberate: a checkpoint holds the wrapped strategies'
@@ -25,7 +25,7 @@ constructor setting of FedAvgM / FedAvg (``fraction_train``, ``server_momentum``
 ...) for changed state and saved it under ``strategy_meta.scalars``; those
 entries, and nothing else, were removed from the recorded digests (every
 round, the model, the array state, the settings and the history are as
-recorded). ``test_chain_state.py`` pins the declared state instead.
+recorded). ``strategies/resume/test_chain_state.py`` pins the declared state instead.
 
 The FedAdam case runs Flower's FedAdam with a CPU-independent ``np.power``
 (``_cpu_independent_numpy``): its digests were recorded on an AVX-512 machine,
@@ -34,7 +34,7 @@ other CPUs. They were re-recorded with the exact power on 2026-12-02, after
 checking that the current code reproduces every old digest of the case when
 only that one value is shifted by that ulp.
 
-Regenerate (only on purpose, and say why in the commit): ``LIPS_REGEN_GOLDEN=1 pytest tests/unit/test_golden_rounds.py``.
+Regenerate (only on purpose, and say why in the commit): ``LIPS_REGEN_GOLDEN=1 pytest tests/unit/strategies/test_golden_rounds.py``.
 """
 
 from __future__ import annotations

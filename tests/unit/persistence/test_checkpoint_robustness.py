@@ -58,7 +58,7 @@ from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.resume.keeper import CheckpointKeeper
 from lips_flwr.strategies.resume.chain_state import ndarray_state
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # ----- helpers: writers in other processes -----

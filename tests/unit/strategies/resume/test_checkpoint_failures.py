@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from unit_paths import UNIT
 from flwr.common import ndarrays_to_parameters
 from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
@@ -53,7 +55,7 @@ from test_client_state_failures import (
 
 from test_reply_robustness import fake_grid
 
-CHILD = Path(__file__).with_name("checkpoint_child.py")
+CHILD = UNIT / "checkpoint_child.py"
 posix = pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits and RLIMIT_FSIZE")
 
 

@@ -29,7 +29,7 @@ from lips_flwr.experiments.runner.store import (
     write_result,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 PAPER = ROOT / "examples" / "paper"
 
 

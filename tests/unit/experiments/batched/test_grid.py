@@ -21,7 +21,7 @@ from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_compute
 
-PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+PAPER = Path(__file__).resolve().parents[4] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
 from lips_paper.client_app import app as paper_client  # noqa: E402

@@ -24,7 +24,7 @@ import pytest
 from lips_flwr.persistence.checkpoint import Checkpoint, check_writable, load_checkpoint, save_checkpoint
 from lips_flwr.persistence.npz_store import path_lock
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SAVES = 150
 
 

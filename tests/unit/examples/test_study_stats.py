@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 scipy = pytest.importorskip("scipy")
-PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+PAPER = Path(__file__).resolve().parents[3] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402

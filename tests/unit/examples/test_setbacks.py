@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+PAPER = Path(__file__).resolve().parents[3] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
 
 import setbacks  # noqa: E402

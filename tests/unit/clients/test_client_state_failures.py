@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from unit_paths import UNIT
 from flwr.app import Context, RecordDict
 
 import lips_flwr.clients.persist as persist
@@ -42,8 +44,8 @@ from test_client_persist import KEY, new_run_context, train_round
 from test_clients import NAMES, FakeApp, UserClient, lips_config
 
 pytestmark = pytest.mark.usefixtures("task_identity")
-REPO = Path(__file__).resolve().parents[2]
-CHILD = Path(__file__).with_name("client_state_child.py")
+REPO = Path(__file__).resolve().parents[3]
+CHILD = UNIT / "client_state_child.py"
 NOBODY = 65534
 PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
 # Scenario -> what the OS says (the text of its error) in the WARNING.

@@ -14,7 +14,7 @@ import pytest
 
 from flower_fakes import task_identity  # noqa: F401
 
-PAPER = Path(__file__).resolve().parents[2] / "examples" / "paper"
+PAPER = Path(__file__).resolve().parents[3] / "examples" / "paper"
 
 
 def load(name):
