@@ -2,42 +2,16 @@
 
 from __future__ import annotations
 
-import json
 
-import numpy as np
 import pytest
 
 from core_models import small_net  # noqa: F401 (fixture)
 
-from lips_flwr.core.layers import candidate_names
-from lips_flwr.core.client_masking import client_mask, local_update
-from lips_flwr.core.masking import num_zeros
 from lips_flwr.core.lips import LIPSCore
 from lips_flwr.protocol import ClientRoundConfig, train_config
 from lips_flwr.protocol import parse_train_config as parse_round_config
 
 MIDDLE = ["conv2.weight", "shortcut.weight"]
-
-
-def positions(model, names):
-    order = list(model)
-    return tuple(order.index(n) for n in names)
-
-
-def zero_set(array):
-    return set(np.flatnonzero(array.reshape(-1) == 0).tolist())
-
-
-def lowest(scores, k):
-    return set(np.argsort(scores.reshape(-1), kind="stable")[:k].tolist())
-
-
-def trained_copy(model, seed=2, scale=0.05):
-    rng = np.random.default_rng(seed)
-    return {
-        n: (a + scale * rng.normal(size=a.shape)).astype(a.dtype) if np.issubdtype(a.dtype, np.floating) else a + 1
-        for n, a in model.items()
-    }
 
 
 # --------------------------------------------------------------------------- parse_round_config

@@ -12,8 +12,7 @@ from core_models import small_net  # noqa: F401 (fixture)
 from lips_flwr.core.layers import candidate_names
 from lips_flwr.core.client_masking import client_mask, local_update
 from lips_flwr.core.masking import num_zeros
-from lips_flwr.core.lips import LIPSCore
-from lips_flwr.protocol import ClientRoundConfig, train_config
+from lips_flwr.protocol import ClientRoundConfig
 from lips_flwr.protocol import parse_train_config as parse_round_config
 
 MIDDLE = ["conv2.weight", "shortcut.weight"]
