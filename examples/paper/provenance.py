@@ -1,7 +1,10 @@
 """What made a results file: the script, the code commit, whether the tree was dirty, versions, inputs.
 
 Shared by the paper's analysis scripts (``setbacks.py``, ``pilot.py``) for
-the JSON they write beside their tables.
+the JSON they write beside their tables. The versions and the machine are
+the experiment runner's record of them
+(:mod:`lips_flwr.experiments.runner.provenance`); the tree counts as dirty
+here also for files git does not track (an analysis reads results folders).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-import numpy as np
+from lips_flwr.experiments.runner.provenance import cpu, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +38,6 @@ def provenance(inputs: list[Path], outputs: list[Path], script: Path) -> dict:
     changes = [line for line in status if line[3:] not in skip]
     return {"script": name(script),
             "commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changes), "changes": changes,
-            "python": platform.python_version(), "numpy": np.__version__,
+            **versions(), "platform": platform.platform(), "cpu": cpu()["model"],
             "inputs": [{"path": name(p),
                         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in inputs]}
