@@ -22,8 +22,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from ..._records import array_of, numpy_to_record, record_to_numpy, record_views
 from ..chain import strategy_chain
 from ..options import LIPSOptions, split_options
-from ..replies.message_access import MessageReplies
-from ..replies.message_records import in_arrival_order, record_bytes
+from ..replies.message_access import MessageReplies, in_arrival_order, record_bytes
 from .base import LIPSAdapter
 from .delegation import MessageWrapper
 from .message_loop import empty_history, history_from_json, run_start

@@ -5,7 +5,7 @@
 - :mod:`.dtypes`: the dtype a round is aggregated in, and the cast to it;
 - :mod:`.gate`: admission of the replies;
 - :mod:`.retry`: the checked aggregation, and its retry without the culprits;
-- :mod:`.message_access`, :mod:`.message_records`, :mod:`.legacy_access`: what the
+- :mod:`.message_access`, :mod:`.legacy_access`: what the
   gate needs of each API's replies.
 """
 

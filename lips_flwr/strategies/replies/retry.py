@@ -10,8 +10,15 @@ square (:func:`.checks.culprit_among`), is dropped, the chain's state is put
 back as it was before the aggregation, and the rest are aggregated again.
 When no single reply explains it, the search goes on to the smallest set of
 replies, the largest values first, whose removal makes both finite (at most
-half of them); only then is the round given up. State that was already not
-finite before the round is not blamed on its replies.
+half of them); only then is the round given up, keeping the previous global
+model. State that was already not finite before the round is not blamed on
+its replies.
+
+When the wrapped strategy raises, the replies it cannot read (another
+serialization than numpy's) are dropped and the rest aggregated again; when
+there are none, its exception propagates. A chain with a privacy accountant
+is checked reply by reply before it aggregates: a retry would compose its
+privacy release twice.
 """
 
 from __future__ import annotations
