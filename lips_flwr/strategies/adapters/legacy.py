@@ -3,9 +3,7 @@
 Legacy ``Parameters`` are an unnamed list of serialized arrays, so the
 strategy is given the names in the order clients send them
 (``list(net.state_dict().keys())``); without names it uses positions and the
-default rank-based layer rule, which needs no names. Only what is particular
-to the legacy API is here; the round's sequence is
-:class:`.base.LIPSAdapter`'s; the reply checks are the gate's (:mod:`..replies`).
+default rank-based layer rule, which needs no names.
 """
 
 from __future__ import annotations
@@ -126,14 +124,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def aggregate_fit(
         self, server_round: int, results: FitResults, failures: FitFailures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
-
-        Results keep the order they came in (``tau0=0`` reproduces the wrapped
-        strategy bit for bit); those that fail the reply gate's checks
-        (:mod:`..replies.gate`, as in the Message API), or make the aggregate
-        non-finite, move to ``failures``; arrays in another dtype than the
-        global model's are cast to it first.
-        """
+        """Aggregate the usable results with the wrapped strategy, in the order they came, then let
+        LIPS mask on mask rounds; results the reply gate drops move to ``failures``."""
         server_round = self._round(server_round)
         access = LegacyReplies(results, list(failures), server_round, self._views,
                                super().aggregate_fit)  # type: ignore[misc]
@@ -237,16 +229,12 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         ``list(net.state_dict().keys())``. Checked against the model's array
         count. Needed for name-based ``layers``; the default rule uses shapes.
     **options
-        Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
-        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
-        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
-        the README's Options table is the one list of them. ``num_rounds`` is
-        required: the ``ServerConfig``'s. The checkpoint is read in the
-        constructor; after a resume run
-        ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's loop counts
-        from 1; LIPS passes the schedule's round on to the wrapped strategy).
-        A checkpoint holds the wrapped strategies' declared state, as for
-        :class:`~lips_flwr.strategies.LIPS` (``lips_state``).
+        The keyword-only options of :class:`~lips_flwr.strategies.LIPS` (the
+        README's Options table); ``num_rounds`` is required: the
+        ``ServerConfig``'s. The checkpoint is read in the constructor; after a
+        resume run ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's
+        loop counts from 1; LIPS passes the schedule's round on). A checkpoint
+        holds the wrapped strategies' declared state, as with ``LIPS``.
     """
 
     def __init__(
