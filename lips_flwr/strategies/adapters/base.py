@@ -79,14 +79,11 @@ class LIPSAdapter(ABC):
     def _round(self, loop_round: int) -> int:
         """The schedule's round of a loop's ``server_round``, which counts from 1 in every run."""
         shifted = loop_round + self._lips_done
-        if self._lips_done and shifted > self.core.schedule.num_rounds:
-            raise ValueError(
-                f"round {loop_round} of this run is round {shifted} of the schedule, past "
-                f"num_rounds={self.core.schedule.num_rounds}: the checkpoint has "
-                f"{self._lips_done} rounds done, so run the "
-                f"{self.core.schedule.num_rounds - self._lips_done} "
-                "rounds left (legacy API: ServerConfig(num_rounds=strategy.rounds_left))"
-            )
+        if self._lips_done and shifted > (total := self.core.schedule.num_rounds):
+            raise ValueError(f"round {loop_round} of this run is round {shifted} of the schedule, past "
+                             f"num_rounds={total}: the checkpoint has {self._lips_done} rounds done, so run "
+                             f"the {total - self._lips_done} rounds left (legacy API: "
+                             "ServerConfig(num_rounds=strategy.rounds_left))")
         return shifted
 
     def _begin_round(self, server_round: int, model: Any) -> dict:

@@ -22,11 +22,8 @@ CACHE_ATTRIBUTES = ("current_arrays", "current_weights", "initial_parameters")
 
 def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
     """Identity of every cache attribute in the chain, taken before aggregation."""
-    return {
-        (id(inner), attribute): id(_own(inner, attribute))
-        for inner in strategy_chain(strategy)
-        for attribute in CACHE_ATTRIBUTES
-    }
+    return {(id(inner), attribute): id(_own(inner, attribute))
+            for inner in strategy_chain(strategy) for attribute in CACHE_ATTRIBUTES}
 
 
 def _own(inner: Any, attribute: str) -> Any:
@@ -35,13 +32,9 @@ def _own(inner: Any, attribute: str) -> Any:
     return vars(inner).get(attribute)
 
 
-def sync_cached_models(
-    strategy: Any,
-    before: dict[tuple[int, str], int],
-    masks: Mapping[str, np.ndarray],
-    to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
-    from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any],
-) -> list[str]:
+def sync_cached_models(strategy: Any, before: dict[tuple[int, str], int], masks: Mapping[str, np.ndarray],
+                       to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
+                       from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any]) -> list[str]:
     """Zero the ``masks``' positions (``True``: 0 in the broadcast model) in every cache of the
     chain that holds another object than at :func:`snapshot_caches` time (``before``); the
     ``"Class.attribute"`` of each. ``to_numpy``/``from_numpy`` read a cached value as

@@ -13,13 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from flwr.common import (
-    EvaluateIns,
-    FitIns,
-    Parameters,
-    Scalar,
-    ndarrays_to_parameters,
-)
+from flwr.common import EvaluateIns, FitIns, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
@@ -61,10 +55,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
 
     def _init_legacy(self, param_names: Any, lips: dict[str, Any]) -> None:
         if lips.get("num_rounds") is None:
-            raise ValueError(
-                "`num_rounds` is required by the legacy LIPS strategies: pass the "
-                "num_rounds of your ServerConfig (an integer >= 1)"
-            )
+            raise ValueError("`num_rounds` is required by the legacy LIPS strategies: pass the "
+                             "num_rounds of your ServerConfig (an integer >= 1)")
         if isinstance(param_names, str):
             raise ValueError("`param_names` must be a list of distinct strings, not one string")
         if param_names is not None:
@@ -105,10 +97,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Remember the global model and add the ``lips-*`` keys to each FitIns."""
         server_round = self._round(server_round)
         if parameters.tensor_type != "numpy.ndarray":
-            raise ValueError(
-                f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
-                f"got {parameters.tensor_type!r}"
-            )
+            raise ValueError(f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
+                             f"got {parameters.tensor_type!r}")
         extra = self._begin_round(server_round, parameters)
         instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
@@ -241,10 +231,8 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         self, strategy: Strategy, *, param_names: list[str] | None = None, **options: Unpack[LIPSOptions]
     ) -> None:
         if not isinstance(strategy, Strategy):
-            raise ValueError(
-                "`strategy` must be a legacy flwr.server.strategy.Strategy; got "
-                f"{type(strategy).__name__}. For Message API strategies use LIPS."
-            )
+            raise ValueError("`strategy` must be a legacy flwr.server.strategy.Strategy; got "
+                             f"{type(strategy).__name__}. For Message API strategies use LIPS.")
         self.strategy = strategy
         self._init_legacy(param_names, dict(options))
 

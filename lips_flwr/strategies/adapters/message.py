@@ -199,10 +199,8 @@ class LIPS(_LIPSMixin, MessageWrapper):
 
     def __init__(self, strategy: Strategy, **options: Unpack[LIPSOptions]) -> None:
         if not isinstance(strategy, Strategy):
-            raise ValueError(
-                "`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
-                f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS."
-            )
+            raise ValueError("`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
+                             f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS.")
         self.strategy = strategy
         self._init_lips(options)
 

@@ -70,13 +70,8 @@ def num_examples_problem(value: object, key: str = "num-examples") -> str | None
     return None
 
 
-def reply_problem(
-    expected: Mapping[str, tuple],
-    tensors: Mapping[str, bytes],
-    num_examples: object = None,
-    weight_key: str = "num-examples",
-    finite: bool = True,
-) -> str | None:
+def reply_problem(expected: Mapping[str, tuple], tensors: Mapping[str, bytes], num_examples: object = None,
+                  weight_key: str = "num-examples", finite: bool = True) -> str | None:
     """Why a client reply must not be aggregated, or ``None`` if it may.
 
     ``expected``: the global model's shapes (:func:`model_shapes`); ``tensors``:

@@ -22,7 +22,7 @@ from flwr.common import log
 from .checks import MAX_METRIC, metric_ok, num_examples_problem, stand_in
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
-from .retry import Aggregated, aggregate_checked
+from .retry import Aggregated, Retry
 
 R = TypeVar("R")  # one reply in the API's type
 Model = dict[str, np.ndarray]
@@ -46,11 +46,8 @@ class ReadReply:
 
 
 class ReplyAccess(ABC, Generic[R]):
-    """One API's replies of one round, as the gate sees them.
-
-    ``candidates``: the replies to check (the Message API's error replies are
-    not among them: they pass on to the wrapped strategy untouched).
-    """
+    """One API's replies of one round, as the gate sees them; ``candidates``: the replies to check
+    (not the Message API's error replies: they pass on to the wrapped strategy untouched)."""
 
     candidates: list[R]
 
@@ -121,12 +118,8 @@ class ModelCodec(Protocol):
 
 
 class ReplyGate:
-    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs.
-
-    It keeps, between rounds, the global model's headers and the headers
-    replies sent in another dtype (:class:`.headers.HeaderCache`), and the
-    signature of the last accepted replies (a tie in the next vote goes to it).
-    """
+    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs; between rounds
+    it keeps the headers (:class:`.headers.HeaderCache`) and the last accepted replies' signature."""
 
     def __init__(self, models: ModelCodec) -> None:
         self.models = models
@@ -149,12 +142,8 @@ class ReplyGate:
         return self.models._views(previous) if headers is None else headers.views
 
     def aggregate_views(self, aggregate: Any, previous: Any) -> Model:
-        """Read-only views of an aggregate, in the global model's order.
-
-        An aggregate with the global model's names in its order (the usual
-        case) is viewed through the round's headers, which parse only the
-        headers that differ from the global model's; any other is parsed.
-        """
+        """Read-only views of an aggregate, in the global model's order: through the round's headers
+        when it has the global model's names in its order (the usual case), else parsed."""
         headers = self._current_headers(previous)
         if headers is not None:
             names, datas = self.models._serialized(aggregate)
@@ -164,12 +153,8 @@ class ReplyGate:
 
     # --------------------------------------------------------------- admission
     def admit(self, access: ReplyAccess[R], previous: Any) -> list[R]:
-        """The train replies the wrapped strategy may aggregate, their arrays cast to the round's dtypes.
-
-        A reply that does not fit the global model, or (Message API) whose
-        records differ from most others', is logged and dropped; an array in
-        another dtype than the global model's is re-serialized in it (:mod:`.dtypes`).
-        """
+        """The train replies the wrapped strategy may aggregate, their arrays cast to the round's
+        dtypes (:mod:`.dtypes`); any other is logged and dropped."""
         headers = self.model_headers(previous)
         reads = []
         for reply in access.candidates:
@@ -273,7 +258,7 @@ class ReplyGate:
                   previous: Any) -> Aggregated:
         """The wrapped strategy's aggregate of ``replies``, finite with the chain's state, or nothing
         (:mod:`.retry` says how)."""
-        return aggregate_checked(self, access, replies, chain, server_round, previous)
+        return Retry(self, access, chain, server_round, previous).aggregate(replies)
 
 
 def _weight(weight: object) -> float:

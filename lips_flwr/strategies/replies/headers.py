@@ -124,12 +124,8 @@ class ModelHeaders:
 _BYTES = {bytes}
 
 
-def fast_reply_problem(
-    headers: ModelHeaders,
-    tensors: Mapping[str, bytes],
-    num_examples: object = None,
-    weight_key: str = "num-examples",
-) -> tuple[str | None, Mapping[str, np.dtype]]:
+def fast_reply_problem(headers: ModelHeaders, tensors: Mapping[str, bytes], num_examples: object = None,
+                       weight_key: str = "num-examples") -> tuple[str | None, Mapping[str, np.dtype]]:
     """``(reason or None, name -> dtype)``: :func:`.checks.reply_problem` without NaN/Inf, and
     the arrays' dtypes; only a reply with an array unlike the global model's is parsed."""
     if len(tensors) == len(headers.shape) and headers.all_same(tensors):

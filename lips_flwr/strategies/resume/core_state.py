@@ -21,11 +21,9 @@ def checkpoint_of(
 ) -> Checkpoint:
     """The core's part of a checkpoint after ``server_round``; ``model`` is the broadcast one."""
     state = core.state()
-    return Checkpoint(
-        round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
-        model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
-        trigger=state["trigger"],
-    )
+    return Checkpoint(round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
+                      model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
+                      trigger=state["trigger"])
 
 
 def run_identity(model: Mapping[str, np.ndarray], settings: dict, num_rounds: int) -> dict:
@@ -43,10 +41,8 @@ def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
     if not 0 <= checkpoint.round <= checkpoint.num_rounds:
         problems.append(f"round {checkpoint.round} is outside 0..{checkpoint.num_rounds}")
     if problems:
-        raise ValueError(
-            "the checkpoint was written by a LIPS strategy with other settings; "
-            "resuming would not continue the same schedule: " + "; ".join(problems)
-        )
+        raise ValueError("the checkpoint was written by a LIPS strategy with other settings; "
+                         "resuming would not continue the same schedule: " + "; ".join(problems))
     check_core_state(core, checkpoint)
     if core.num_rounds is None:
         core.set_num_rounds(checkpoint.num_rounds)

@@ -159,11 +159,8 @@ class CheckpointKeeper:
         if checkpoint is not None and checkpoint.numpy_random is not None:
             restore_numpy_random(checkpoint.numpy_random)
 
-    def save(
-        self, owner: Any, core: LIPSCore, server_round: int,
-        model: Mapping[str, np.ndarray], to_state: ToState,
-        history: Mapping[str, Mapping[int, Mapping]] | None = None,
-    ) -> None:
+    def save(self, owner: Any, core: LIPSCore, server_round: int, model: Mapping[str, np.ndarray],
+             to_state: ToState, history: Mapping[str, Mapping[int, Mapping]] | None = None) -> None:
         """Write the state after ``server_round`` (``model``: the global model then), once per round.
 
         Round 0 writes nothing: its ``model``'s fingerprint becomes the run's
