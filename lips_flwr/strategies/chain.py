@@ -1,12 +1,9 @@
 """The chain of strategies a LIPS strategy wraps: ``LIPS(DP(FedAvgM(...)))``, and its declared state.
 
 A wrapper (Flower's DP wrappers, ``LIPS``) holds the strategy it wraps in
-``.strategy``; the reply gate, the cache sync and the checkpoint walk the
-chain from the LIPS strategy down. What each strategy of the chain keeps
-between rounds is declared (:func:`declared_state`): Flower's own strategies
-in :mod:`.flower_state`, any strategy class by its ``lips_state`` and
-``lips_state_exclude`` class attributes; a checkpoint saves exactly that
-(:mod:`.resume.chain_state`).
+``.strategy``. What each strategy of the chain keeps between rounds is
+declared (:func:`declared_state`); the reply gate checks it, a checkpoint
+saves exactly that (:mod:`.resume.chain_state`).
 """
 
 from __future__ import annotations

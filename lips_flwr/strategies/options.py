@@ -33,11 +33,8 @@ ALL_OPTIONS = (*CORE_OPTIONS, *CHECKPOINT_OPTIONS)
 
 
 class LIPSOptions(TypedDict, total=False):
-    """The keyword arguments every LIPS strategy takes, written once.
-
-    The README's Options table is their one description (defaults, ranges,
-    meaning); :class:`~lips_flwr.core.lips.LIPSCore` validates them.
-    """
+    """The keyword arguments every LIPS strategy takes, written once: the README's Options table is
+    their one description, :class:`~lips_flwr.core.lips.LIPSCore` validates them."""
 
     num_rounds: int | None
     tau0: float
@@ -62,9 +59,13 @@ def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def lips_options(owner: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the forced values in place of the app's; ``TypeError`` for a name that is
-    not a LIPS option (``owner``: the strategy's class name, for the messages)."""
-    options = with_forced(owner, options)
+    """``options`` with the forced values in place of the app's (logged when there are any);
+    ``TypeError`` for a name that is not a LIPS option (``owner``: the strategy's class name)."""
+    forced = _FORCED.get()
+    if forced:
+        log(INFO, "LIPS: %s built with forced options %s (the app's: %s)", owner, dict(forced),
+            {k: options[k] for k in forced if k in options})
+    options = {**options, **forced}
     unknown = sorted(set(options) - set(ALL_OPTIONS))
     if unknown:
         raise TypeError(f"{owner}() got unexpected keyword arguments {unknown}; "
@@ -90,16 +91,6 @@ def forced_options(**options: Any) -> Iterator[None]:
         yield
     finally:
         _FORCED.reset(token)
-
-
-def with_forced(owner: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with the forced values in place of the app's (logged when there are any)."""
-    forced = _FORCED.get()
-    if not forced:
-        return dict(options)
-    log(INFO, "LIPS: %s built with forced options %s (the app's: %s)", owner, dict(forced),
-        {k: options[k] for k in forced if k in options})
-    return {**options, **forced}
 
 
 __all__ = ["ALL_OPTIONS", "CHECKPOINT_OPTIONS", "CORE_OPTIONS", "LIPSOptions", "forced_options",

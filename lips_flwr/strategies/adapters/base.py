@@ -9,13 +9,9 @@ Data flows one way through a round::
                 -> core.round(round, aggregate, previous)   (one call)
                 -> zeros into the wrapped strategies' caches -> log -> checkpoint
 
-:class:`LIPSAdapter` holds that sequence (:meth:`LIPSAdapter._aggregate_round`
-reads it top to bottom); :mod:`.message` and :mod:`.legacy` subclass it and
-supply only what differs between the APIs: the conversions it declares
-(a model as ``name -> ndarray`` and back, records vs ``Parameters``), an
-access object for their replies (:mod:`..replies`), and their own loop
-(``start()`` vs the legacy ``Server``). The schedule's round of a loop round
-after a resume (:meth:`LIPSAdapter._round`) is solved here, for both.
+:mod:`.message` and :mod:`.legacy` subclass :class:`LIPSAdapter` and supply
+only what differs: the conversions it declares, an access object for their
+replies (:mod:`..replies`), and their own loop (``start()``, the legacy ``Server``).
 """
 
 from __future__ import annotations
@@ -51,11 +47,8 @@ class RoundResult(NamedTuple):
 
 class LIPSAdapter(ABC):
     """The LIPS hooks of both APIs; ``super()`` is the strategy whose aggregate is masked.
-
-    Subclasses implement the conversions declared below, build their reply
-    access object, and call :meth:`_begin_round` and :meth:`_aggregate_round`
-    from their Flower methods.
-    """
+    Subclasses implement the conversions declared below and call :meth:`_begin_round` and
+    :meth:`_aggregate_round` from their Flower methods."""
 
     # The legacy Server calls no configure after the last round: the round saves the final model.
     # (The Message API's start() saves it after its loop, the last evaluation included.)
@@ -86,23 +79,17 @@ class LIPSAdapter(ABC):
     def _round(self, loop_round: int) -> int:
         """The schedule's round of a loop's ``server_round``, which counts from 1 in every run."""
         shifted = loop_round + self._lips_done
-        if self._lips_done and shifted > self.core.schedule.num_rounds:
-            raise ValueError(
-                f"round {loop_round} of this run is round {shifted} of the schedule, past "
-                f"num_rounds={self.core.schedule.num_rounds}: the checkpoint has "
-                f"{self._lips_done} rounds done, so run the "
-                f"{self.core.schedule.num_rounds - self._lips_done} "
-                "rounds left (legacy API: ServerConfig(num_rounds=strategy.rounds_left))"
-            )
+        if self._lips_done and shifted > (total := self.core.schedule.num_rounds):
+            raise ValueError(f"round {loop_round} of this run is round {shifted} of the schedule, past "
+                             f"num_rounds={total}: the checkpoint has {self._lips_done} rounds done, so run "
+                             f"the {total - self._lips_done} rounds left (legacy API: "
+                             "ServerConfig(num_rounds=strategy.rounds_left))")
         return shifted
 
     def _begin_round(self, server_round: int, model: Any) -> dict:
         """Checkpoint the previous round, remember ``model`` (for ``dw``); the round's ``lips-*`` keys.
-
-        The checkpoint comes first: it holds the state reached after the
-        previous round, its evaluation included, so that a resumed run draws
-        the same random numbers.
-        """
+        The checkpoint comes first: it holds the state after the previous round, its evaluation
+        included, so that a resumed run draws the same random numbers."""
         self._lips_keeper.before_round()
         self._lips_gate.headers.forget()  # of the last global model: read from this one when replies come
         views = self._views(model)
@@ -124,11 +111,8 @@ class LIPSAdapter(ABC):
         return evaluate_config(server_round, self._lips_keeper.run_key)
 
     def _aggregate_round(self, server_round: int, replies: ReplyAccess[Any]) -> RoundResult:
-        """admit -> inner aggregate -> core.round -> caches -> log -> checkpoint, for both APIs.
-
-        ``replies`` is the API's access to the round's replies. Without a
-        global model (no configure call before) the replies are not checked.
-        """
+        """admit -> inner aggregate -> core.round -> caches -> log -> checkpoint, for both APIs
+        (``replies``: the API's access to them; not checked without a configure call before)."""
         previous, gate = self._lips_previous, self._lips_gate
         kept = replies.candidates if previous is None else gate.admit(replies, previous)
         chain = list(strategy_chain(self))

@@ -5,7 +5,7 @@ next round on it, which would silently undo the mask: Message ``FedAvgM``
 (``current_arrays``), legacy ``FedAdam``/``FedYogi``/``FedAdagrad``
 (``current_weights``) and legacy ``FedAvgM`` with server momentum
 (``initial_parameters``). Any such cache written during the round's
-aggregation gets the mask's zeros, at every level of a chain of wrappers (``.strategy``).
+aggregation gets the mask's zeros, at every level of the chain.
 """
 
 from __future__ import annotations
@@ -22,11 +22,8 @@ CACHE_ATTRIBUTES = ("current_arrays", "current_weights", "initial_parameters")
 
 def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
     """Identity of every cache attribute in the chain, taken before aggregation."""
-    return {
-        (id(inner), attribute): id(_own(inner, attribute))
-        for inner in strategy_chain(strategy)
-        for attribute in CACHE_ATTRIBUTES
-    }
+    return {(id(inner), attribute): id(_own(inner, attribute))
+            for inner in strategy_chain(strategy) for attribute in CACHE_ATTRIBUTES}
 
 
 def _own(inner: Any, attribute: str) -> Any:
@@ -35,37 +32,16 @@ def _own(inner: Any, attribute: str) -> Any:
     return vars(inner).get(attribute)
 
 
-def sync_cached_models(
-    strategy: Any,
-    before: dict[tuple[int, str], int],
-    masks: Mapping[str, np.ndarray],
-    to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
-    from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any],
-) -> list[str]:
-    """Zero the masked positions in every cache the strategy chain wrote this round.
+def sync_cached_models(strategy: Any, before: dict[tuple[int, str], int], masks: Mapping[str, np.ndarray],
+                       to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
+                       from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any]) -> list[str]:
+    """Zero the ``masks``' positions (``True``: 0 in the broadcast model) in every cache of the
+    chain that holds another object than at :func:`snapshot_caches` time (``before``); the
+    ``"Class.attribute"`` of each. ``to_numpy``/``from_numpy`` read a cached value as
+    ``name -> ndarray`` (``None``: not a model) and write one back in its type.
 
-    A cache counts as written when its attribute now holds another object than
-    at :func:`snapshot_caches` time. The same positions are zeroed there, rather
-    than the cache being replaced by the broadcast model: below a DP wrapper
-    the cache holds the aggregate *before* noise, and must keep it.
-
-    Parameters
-    ----------
-    strategy : Any
-        The outermost strategy (the chain below it is searched too).
-    before : dict
-        The result of :func:`snapshot_caches` before the aggregation.
-    masks : Mapping[str, np.ndarray]
-        Per masked layer, a boolean array: ``True`` where the broadcast model is 0.
-    to_numpy : callable
-        Cached value -> ``name -> ndarray``, or ``None`` if it is not a model.
-    from_numpy : callable
-        ``(cached value, arrays) -> value`` of the cached value's own type.
-
-    Returns
-    -------
-    list[str]
-        ``"ClassName.attribute"`` of each cache that was updated.
+    The positions are zeroed rather than the cache replaced by the broadcast
+    model: below a DP wrapper the cache holds the aggregate *before* noise.
     """
     synced = []
     for inner in strategy_chain(strategy):

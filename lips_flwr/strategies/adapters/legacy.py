@@ -3,9 +3,7 @@
 Legacy ``Parameters`` are an unnamed list of serialized arrays, so the
 strategy is given the names in the order clients send them
 (``list(net.state_dict().keys())``); without names it uses positions and the
-default rank-based layer rule, which needs no names. Only what is particular
-to the legacy API is here; the round's sequence is
-:class:`.base.LIPSAdapter`'s; the reply checks are the gate's (:mod:`..replies`).
+default rank-based layer rule, which needs no names.
 """
 
 from __future__ import annotations
@@ -15,13 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-from flwr.common import (
-    EvaluateIns,
-    FitIns,
-    Parameters,
-    Scalar,
-    ndarrays_to_parameters,
-)
+from flwr.common import EvaluateIns, FitIns, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
@@ -63,10 +55,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
 
     def _init_legacy(self, param_names: Any, lips: dict[str, Any]) -> None:
         if lips.get("num_rounds") is None:
-            raise ValueError(
-                "`num_rounds` is required by the legacy LIPS strategies: pass the "
-                "num_rounds of your ServerConfig (an integer >= 1)"
-            )
+            raise ValueError("`num_rounds` is required by the legacy LIPS strategies: pass the "
+                             "num_rounds of your ServerConfig (an integer >= 1)")
         if isinstance(param_names, str):
             raise ValueError("`param_names` must be a list of distinct strings, not one string")
         if param_names is not None:
@@ -107,10 +97,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Remember the global model and add the ``lips-*`` keys to each FitIns."""
         server_round = self._round(server_round)
         if parameters.tensor_type != "numpy.ndarray":
-            raise ValueError(
-                f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
-                f"got {parameters.tensor_type!r}"
-            )
+            raise ValueError(f"LIPS reads numpy-serialized Parameters (tensor_type 'numpy.ndarray'), "
+                             f"got {parameters.tensor_type!r}")
         extra = self._begin_round(server_round, parameters)
         instructions = super().configure_fit(server_round, parameters, client_manager)  # type: ignore[misc]
         return [(proxy, FitIns(ins.parameters, {**ins.config, **extra})) for proxy, ins in instructions]
@@ -126,14 +114,8 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def aggregate_fit(
         self, server_round: int, results: FitResults, failures: FitFailures
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Aggregate the usable results with the wrapped strategy, then let LIPS mask on mask rounds.
-
-        Results keep the order they came in (``tau0=0`` reproduces the wrapped
-        strategy bit for bit); those that fail the reply gate's checks
-        (:mod:`..replies.gate`, as in the Message API), or make the aggregate
-        non-finite, move to ``failures``; arrays in another dtype than the
-        global model's are cast to it first.
-        """
+        """Aggregate the usable results with the wrapped strategy, in the order they came, then let
+        LIPS mask on mask rounds; results the reply gate drops move to ``failures``."""
         server_round = self._round(server_round)
         access = LegacyReplies(results, list(failures), server_round, self._views,
                                super().aggregate_fit)  # type: ignore[misc]
@@ -237,26 +219,20 @@ class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):
         ``list(net.state_dict().keys())``. Checked against the model's array
         count. Needed for name-based ``layers``; the default rule uses shapes.
     **options
-        Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
-        ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
-        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
-        the README's Options table is the one list of them. ``num_rounds`` is
-        required: the ``ServerConfig``'s. The checkpoint is read in the
-        constructor; after a resume run
-        ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's loop counts
-        from 1; LIPS passes the schedule's round on to the wrapped strategy).
-        A checkpoint holds the wrapped strategies' declared state, as for
-        :class:`~lips_flwr.strategies.LIPS` (``lips_state``).
+        The keyword-only options of :class:`~lips_flwr.strategies.LIPS` (the
+        README's Options table); ``num_rounds`` is required: the
+        ``ServerConfig``'s. The checkpoint is read in the constructor; after a
+        resume run ``ServerConfig(num_rounds=strategy.rounds_left)`` (Flower's
+        loop counts from 1; LIPS passes the schedule's round on). A checkpoint
+        holds the wrapped strategies' declared state, as with ``LIPS``.
     """
 
     def __init__(
         self, strategy: Strategy, *, param_names: list[str] | None = None, **options: Unpack[LIPSOptions]
     ) -> None:
         if not isinstance(strategy, Strategy):
-            raise ValueError(
-                "`strategy` must be a legacy flwr.server.strategy.Strategy; got "
-                f"{type(strategy).__name__}. For Message API strategies use LIPS."
-            )
+            raise ValueError("`strategy` must be a legacy flwr.server.strategy.Strategy; got "
+                             f"{type(strategy).__name__}. For Message API strategies use LIPS.")
         self.strategy = strategy
         self._init_legacy(param_names, dict(options))
 

@@ -1,10 +1,8 @@
 """LIPS for Flower's Message API (``aggregate_train``): a wrapper around any Strategy.
 
 Only what is particular to the Message API is here: ArrayRecords as
-``name -> ndarray`` and back, how a reply carries its arrays and weight,
-and the ``start()`` loop (fresh or resumed, :mod:`.message_loop`). The
-round's sequence is :class:`.base.LIPSAdapter`'s; the reply checks are the
-gate's (:mod:`..replies`).
+``name -> ndarray`` and back, the keys replies are read by, and the
+``start()`` loop (fresh or resumed, :mod:`.message_loop`).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from ..._records import array_of, numpy_to_record, record_to_numpy, record_views
 from ..chain import strategy_chain
 from ..options import LIPSOptions, split_options
-from ..replies.message_access import MessageReplies
-from ..replies.message_records import in_arrival_order, record_bytes
+from ..replies.message_access import MessageReplies, in_arrival_order, record_bytes
 from .base import LIPSAdapter
 from .delegation import MessageWrapper
 from .message_loop import empty_history, history_from_json, run_start
@@ -87,16 +84,8 @@ class _LIPSMixin(LIPSAdapter):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate the usable replies with the wrapped strategy, then let LIPS mask on mask rounds.
-
-        The wrapped strategy gets the usable replies in the order they came,
-        as it would without LIPS (``tau0=0`` reproduces it bit for bit). A
-        reply that does not fit the global model, or whose records differ
-        from most others', is dropped with a logged reason
-        (:mod:`..replies.gate`); an array in another dtype than the
-        global model's is cast to it first. Error replies pass on to the wrapped
-        strategy, which counts them as failures.
-        """
+        """Aggregate the usable replies with the wrapped strategy, in the order they came (error
+        replies included), then let LIPS mask on mask rounds; the round's ``lips-*`` metrics join."""
         access = MessageReplies(list(replies), server_round, self._weight_key(),
                                 super().aggregate_train, self._chain_key("arrayrecord_key"))  # type: ignore[misc]
         arrays, metrics, lips_metrics = self._aggregate_round(server_round, access)
@@ -189,12 +178,10 @@ class LIPS(_LIPSMixin, MessageWrapper):
     merged into the aggregated train MetricRecord.
 
     Wrap the outermost layer: ``LIPS(DifferentialPrivacy...(FedAvg(...)))``.
-    With ``checkpoint_path``, a checkpoint holds the wrapped strategies'
-    declared state: Flower's own strategies' is listed in
-    :mod:`lips_flwr.strategies.flower_state`; a strategy of your own
-    declares its state in a class attribute, ``lips_state = ("attr", ...)``,
-    and what to leave out in ``lips_state_exclude``
-    (:mod:`lips_flwr.strategies.resume.chain_state`).
+    A checkpoint holds the wrapped strategies' declared state: Flower's own
+    strategies' is listed in :mod:`lips_flwr.strategies.flower_state`; a
+    strategy of your own declares its state in a class attribute,
+    ``lips_state = ("attr", ...)``, and what to leave out in ``lips_state_exclude``.
 
     Parameters
     ----------
@@ -212,10 +199,8 @@ class LIPS(_LIPSMixin, MessageWrapper):
 
     def __init__(self, strategy: Strategy, **options: Unpack[LIPSOptions]) -> None:
         if not isinstance(strategy, Strategy):
-            raise ValueError(
-                "`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
-                f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS."
-            )
+            raise ValueError("`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
+                             f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS.")
         self.strategy = strategy
         self._init_lips(options)
 

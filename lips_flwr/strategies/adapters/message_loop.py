@@ -88,24 +88,13 @@ class _StartLoop:
 
 
 def run_start(  # pylint: disable=too-many-arguments
-    strategy: Strategy,
-    grid: Grid,
-    arrays: ArrayRecord,
-    num_rounds: int,
-    done: int,
-    history: dict | None,
-    timeout: float,
-    train_config: ConfigRecord | None,
-    evaluate_config: ConfigRecord | None,
+    strategy: Strategy, grid: Grid, arrays: ArrayRecord, num_rounds: int, done: int, history: dict | None,
+    timeout: float, train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None,
     evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
 ) -> Result:
-    """Run rounds ``done+1..num_rounds`` through Flower's loop.
-
-    The Result numbers rounds as the schedule does.
-
-    ``history`` (recorded into when not ``None``) holds the metrics of rounds
-    ``<= done`` when resuming; they are put in front of the new ones.
-    """
+    """Run rounds ``done+1..num_rounds`` through Flower's loop; the Result numbers rounds as the
+    schedule does. ``history`` (recorded into when not ``None``) holds the metrics of rounds
+    ``<= done`` when resuming: they are put in front of the new ones."""
     # Flower logs "Starting <class name> strategy" from the loop object's class: the stand-in is
     # made an instance of a subclass named after the strategy.
     loop_class: type[_StartLoop] = type(type(strategy).__name__, (_StartLoop,), {})

@@ -1,26 +1,18 @@
 """What makes one client reply unusable, and why (no flwr import).
 
-The checks read the raw wire format, the same in both Flower APIs: each
-array serialized with ``np.save`` (the ``data`` of a Message API ``Array``, an
-entry of legacy ``Parameters.tensors``). :func:`lips_flwr._npy.read_npy` parses
-the ``.npy`` header and returns a read-only view of the bytes, so checking a
-reply copies no array data: the only full pass is the NaN/Inf test of each
-floating-point array (:func:`lips_flwr.core.checks.all_finite`), which the
-gate runs on the aggregate, and on the replies only to find a culprit.
+The checks read the wire format of both Flower APIs, arrays serialized with
+``np.save``, as read-only views (:func:`lips_flwr._npy.read_npy`): no array
+data is copied. A reply is rejected when its arrays do not match the global
+model (names, count, shapes), cannot be read, are not real numbers, contain
+NaN or Inf, or when its example count is not a usable weight. Other real
+dtypes are accepted: Flower's FedAvg returns integer buffers as float64 and
+FedAdam float64 for a float32 model, and clients send them back (:mod:`.dtypes`
+casts them); a bool is a number only for a bool array (:func:`real_for`). The
+one full pass, the NaN/Inf test, runs on the aggregate, and on the replies
+only to find a culprit.
 
-A reply is rejected when its arrays do not match the global model (names,
-count, shapes), cannot be read, are not real numbers (complex, object, text),
-contain NaN or Inf, or when its example count, the weight of a weighted mean,
-is missing, not a number, not finite, not positive or absurdly large. Dtype
-changes between real numeric types are accepted: Flower's own aggregation
-turns integer buffers into float64 (``num_batches_tracked``) and FedAdam
-returns float64 for float32 models, so clients legitimately send other dtypes
-back (:mod:`.dtypes` casts them to the model's). A bool is a number only for
-a bool array of the model (:func:`real_for`): True and False are no weights.
-
-A new value-level rule (a reply whose values are out of bounds, say) goes
-into :func:`reply_problem` when it reads the arrays of one reply, or into
-:func:`culprit_among` when it explains a bad aggregate.
+A new value-level rule goes into :func:`reply_problem` when it reads one
+reply's arrays, or into :func:`culprit_among` when it explains a bad aggregate.
 """
 
 from __future__ import annotations
@@ -78,31 +70,15 @@ def num_examples_problem(value: object, key: str = "num-examples") -> str | None
     return None
 
 
-def reply_problem(
-    expected: Mapping[str, tuple],
-    tensors: Mapping[str, bytes],
-    num_examples: object = None,
-    weight_key: str = "num-examples",
-    finite: bool = True,
-) -> str | None:
+def reply_problem(expected: Mapping[str, tuple], tensors: Mapping[str, bytes], num_examples: object = None,
+                  weight_key: str = "num-examples", finite: bool = True) -> str | None:
     """Why a client reply must not be aggregated, or ``None`` if it may.
 
-    Parameters
-    ----------
-    expected : Mapping[str, tuple]
-        Shapes of the global model the client was sent (:func:`model_shapes`).
-    tensors : Mapping[str, bytes]
-        The reply's arrays, ``.npy`` bytes by name.
-    num_examples : object, optional
-        The reply's example count (:data:`MISSING` when the reply has none);
-        ``None`` skips this check (the inner strategy does not weight).
-    weight_key : str (default: "num-examples")
-        The count's name, for the reason text.
-    finite : bool (default: True)
-        Also check for NaN/Inf: the one full pass over the data, run last and
-        only on floating-point arrays. The gate passes ``False`` and checks
-        the aggregate instead (one pass, not one per reply), looking for the
-        culprit only when it is not finite.
+    ``expected``: the global model's shapes (:func:`model_shapes`); ``tensors``:
+    the reply's ``.npy`` bytes by name; ``num_examples``: its example count
+    (:data:`MISSING`: it has none; ``None``: not checked) named ``weight_key``;
+    ``finite=False`` skips the NaN/Inf test, the one full pass over the data
+    (the gate tests the aggregate instead, and the replies only for a culprit).
     """
     arrays = {}
     for name, data in tensors.items():

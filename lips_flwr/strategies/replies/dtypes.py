@@ -4,14 +4,10 @@ Replies are aggregated in the dtypes of the global model the server sent,
 whatever most replies send: Flower's aggregation accumulates into the first
 reply's dtype, and a vote would let a majority of int32 or float16 replies
 truncate or narrow the honest ones. The gate re-serializes each reply array of
-another dtype (:func:`cast_array`) before the wrapped strategy sees it, with
-one exception (:func:`kept_as_sent`): where every reply sends one same dtype
-that the model's holds exactly, and that is integers, or float32 for a float64
-model, the replies are left as sent. That is Flower's own doing, a round
-earlier: its FedAvg averages integer buffers (``num_batches_tracked``) into
-float64 and FedAdam returns float64 for a float32 model, while the clients
-keep sending their own dtypes; nothing is narrowed, and no reply pays a cast
-on a good round.
+another dtype (:func:`cast_array`) before the wrapped strategy sees it, except
+where every reply sends one dtype :func:`kept_as_sent` leaves alone: what
+Flower's own arithmetic made of the model a round earlier, so that no reply
+pays a cast on a good round.
 """
 
 from __future__ import annotations
@@ -26,12 +22,9 @@ _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def kept_as_sent(sent: np.dtype, model: np.dtype) -> bool:
-    """Whether replies that all send ``sent`` for a ``model`` array are aggregated as sent.
-
-    Integers that the model's integer type holds exactly, and integers or
-    float32 for a float64 model (what Flower's arithmetic made of them); any
-    other dtype is cast to the model's.
-    """
+    """Whether replies that all send ``sent`` for a ``model`` array are aggregated as sent: integers
+    the model's integer type holds exactly, and integers or float32 for a float64 model (Flower's
+    FedAvg averages integer buffers into float64, FedAdam returns float64 for float32)."""
     if sent == model:
         return True
     if sent.kind not in "iuf" or not np.can_cast(sent, model, "safe"):

@@ -1,15 +1,12 @@
 """The reply gate both Flower APIs share: which replies the wrapped strategy aggregates, and a retry.
 
-One round's train replies pass through :meth:`ReplyGate.admit` (per reply:
-its records, its weight, its arrays' headers against the global model's; then
-the Message API's vote on records and metric keys, and the cast to the
-global model's dtypes) and :meth:`ReplyGate.aggregate` (the wrapped strategy's aggregation,
-its aggregate and the chain's state checked for NaN/Inf in one pass, and
-when they are not finite the culprits' search, their drop and a retry from
-the chain's state as it was: :mod:`.retry`).
-Each API gives the gate a :class:`ReplyAccess` for its replies
-(:mod:`.message_access`, :mod:`.legacy_access`) and a :class:`ModelCodec`
-for its models (the adapter); a fix to reply handling lands here once.
+A round's train replies pass :meth:`ReplyGate.admit` (per reply its records,
+its weight and its arrays' headers against the global model's; the Message
+API's vote on records and metric keys; bad metric values out; the cast to the
+global model's dtypes), then :meth:`ReplyGate.aggregate` (:mod:`.retry`). Each
+API gives the gate a :class:`ReplyAccess` for its replies (:mod:`.message_access`,
+:mod:`.legacy_access`) and a :class:`ModelCodec` for its models (the adapter):
+a fix to reply handling lands here once.
 """
 
 from __future__ import annotations
@@ -25,43 +22,32 @@ from flwr.common import log
 from .checks import MAX_METRIC, metric_ok, num_examples_problem, stand_in
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
-from .retry import Aggregated, aggregate_checked
+from .retry import Aggregated, Retry
 
 R = TypeVar("R")  # one reply in the API's type
 Model = dict[str, np.ndarray]
 
 
 class ReadReply:
-    """What the gate reads of one reply, once: filled by a :class:`ReplyAccess`, checked by the gate.
-
-    ``reason``: a problem the access found in the reply's structure (``None``:
-    none); ``names``/``datas``: its arrays' names and ``.npy`` bytes, in its
-    order (``in_order``: the global model's); ``weight`` under ``weight_key``
-    (``None``: the wrapped strategy does not weight); ``signature``: what it
-    must share with the other replies (Message API); ``dtypes``: its arrays'
-    dtypes, set by the checks.
-    """
+    """What the gate reads of one reply, once: filled by a :class:`ReplyAccess`, checked by the gate."""
 
     __slots__ = ("datas", "dtypes", "in_order", "names", "reason", "reply", "signature", "weight",
                  "weight_key")
 
     def __init__(self, reply: Any, reason: str | None = None) -> None:
-        self.reply, self.reason = reply, reason
-        self.names: list[str] = []
+        self.reply, self.reason = reply, reason  # reason: a problem in the reply's structure, or None
+        self.names: list[str] = []  # its arrays' names and .npy bytes, in its order
         self.datas: list = []
-        self.in_order = False
-        self.weight: object = None
+        self.in_order = False  # names: the global model's, in its order
+        self.weight: object = None  # the value of weight_key (None: the wrapped strategy does not weight)
         self.weight_key: str | None = None
-        self.signature: tuple = ()
-        self.dtypes: Mapping[str, np.dtype] = {}
+        self.signature: tuple = ()  # what it must share with the other replies (Message API)
+        self.dtypes: Mapping[str, np.dtype] = {}  # its arrays' dtypes, set by the checks
 
 
 class ReplyAccess(ABC, Generic[R]):
-    """One API's replies of one round, as the gate sees them.
-
-    ``candidates``: the replies to check (the Message API's error replies are
-    not among them: they pass on to the wrapped strategy untouched).
-    """
+    """One API's replies of one round, as the gate sees them; ``candidates``: the replies to check
+    (not the Message API's error replies: they pass on to the wrapped strategy untouched)."""
 
     candidates: list[R]
 
@@ -132,12 +118,8 @@ class ModelCodec(Protocol):
 
 
 class ReplyGate:
-    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs.
-
-    It keeps, between rounds, the global model's headers and the headers
-    replies sent in another dtype (:class:`.headers.HeaderCache`), and the
-    signature of the last accepted replies (a tie in the next vote goes to it).
-    """
+    """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs; between rounds
+    it keeps the headers (:class:`.headers.HeaderCache`) and the last accepted replies' signature."""
 
     def __init__(self, models: ModelCodec) -> None:
         self.models = models
@@ -160,12 +142,8 @@ class ReplyGate:
         return self.models._views(previous) if headers is None else headers.views
 
     def aggregate_views(self, aggregate: Any, previous: Any) -> Model:
-        """Read-only views of an aggregate, in the global model's order.
-
-        An aggregate with the global model's names in its order (the usual
-        case) is viewed through the round's headers, which parse only the
-        headers that differ from the global model's; any other is parsed.
-        """
+        """Read-only views of an aggregate, in the global model's order: through the round's headers
+        when it has the global model's names in its order (the usual case), else parsed."""
         headers = self._current_headers(previous)
         if headers is not None:
             names, datas = self.models._serialized(aggregate)
@@ -175,12 +153,8 @@ class ReplyGate:
 
     # --------------------------------------------------------------- admission
     def admit(self, access: ReplyAccess[R], previous: Any) -> list[R]:
-        """The train replies the wrapped strategy may aggregate, their arrays cast to the round's dtypes.
-
-        A reply that does not fit the global model, or (Message API) whose
-        records differ from most others', is logged and dropped; an array in
-        another dtype than the global model's is re-serialized in it (:mod:`.dtypes`).
-        """
+        """The train replies the wrapped strategy may aggregate, their arrays cast to the round's
+        dtypes (:mod:`.dtypes`); any other is logged and dropped."""
         headers = self.model_headers(previous)
         reads = []
         for reply in access.candidates:
@@ -220,11 +194,10 @@ class ReplyGate:
     def _problem(self, access: ReplyAccess[R], read: ReadReply, headers: ModelHeaders) -> str | None:
         """Why a reply cannot be aggregated into the global model: its weight, then its arrays' headers.
 
-        Arrays in the global model's order whose headers are known (the usual
-        case) are recognised in C loops (:meth:`ModelHeaders.dtypes_in_order`);
-        only the others are read one by one. On that path the arrays'
-        serialization (``stype``) is left unread: the wrapped strategy raises
-        on bytes in another one, and :meth:`aggregate` then drops them.
+        Arrays with known headers in the global model's order (the usual case)
+        pass in C loops (:meth:`ModelHeaders.dtypes_in_order`), their ``stype``
+        unread: the wrapped strategy raises on bytes in another serialization,
+        and :meth:`aggregate` then drops them.
         """
         if read.weight_key is not None:
             reason = num_examples_problem(read.weight, read.weight_key)
@@ -283,22 +256,9 @@ class ReplyGate:
     # --------------------------------------------------------------- aggregation
     def aggregate(self, access: ReplyAccess[R], replies: list[R], chain: list, server_round: int,
                   previous: Any) -> Aggregated:
-        """The wrapped strategy's aggregate of ``replies``, finite with the chain's state, or nothing.
-
-        The aggregate and the chain's declared state, not each reply, are
-        checked for NaN/Inf: one pass on a good round. When either is not
-        finite, the replies that made it so are dropped, the chain's state is
-        put back as it was before the aggregation, and the rest are
-        aggregated again (:mod:`.retry`); when none do, the round keeps the
-        previous global model. When the wrapped strategy raises on replies
-        that passed the header checks, those it cannot read (another
-        serialization) are dropped and the rest aggregated again; when it
-        names none, the exception is the wrapped strategy's own and
-        propagates. A chain with a privacy accountant is checked reply by
-        reply before it aggregates instead: a retry would compose its
-        privacy release twice.
-        """
-        return aggregate_checked(self, access, replies, chain, server_round, previous)
+        """The wrapped strategy's aggregate of ``replies``, finite with the chain's state, or nothing
+        (:mod:`.retry` says how)."""
+        return Retry(self, access, chain, server_round, previous).aggregate(replies)
 
 
 def _weight(weight: object) -> float:

@@ -1,11 +1,10 @@
-"""The global model's ``.npy`` headers, read once per model, and the checks they allow (no flwr import).
+"""The global model's ``.npy`` headers, read once per model, and the fast checks they allow (no flwr import).
 
-A reply array whose bytes start with the global model's header for its name
-and have its length has the global model's dtype and shape: a comparison of
-~128 bytes per array, no parse, no pass over the data (:class:`ModelHeaders`).
-:class:`HeaderCache` keeps one model's headers for the round and, from one
-round to the next, the headers replies sent where their dtype was not the
-global model's (the second fast path).
+``np.save`` writes the same header for the same dtype, shape and order: a
+reply array whose bytes start with the global model's header for its name and
+have its length has the global model's dtype and shape. That is a comparison
+of ~128 bytes per array, no parse, no pass over the data; only an array that
+differs is parsed (:func:`.checks.reply_problem`).
 """
 
 from __future__ import annotations
@@ -21,14 +20,8 @@ from .checks import num_examples_problem, real_for, reply_problem
 
 
 class ModelHeaders:
-    """The global model's ``.npy`` headers, to recognise a well-formed reply array without parsing it.
-
-    ``np.save`` writes the same header for the same dtype, shape and order:
-    a reply array whose bytes start with the global model's header for that
-    name and have its length has the global model's dtype and shape. That is
-    a comparison of ~128 bytes per array, no parse, no pass over the data;
-    only an array that differs is parsed (:func:`.checks.reply_problem`).
-    """
+    """The global model's ``.npy`` headers (``tensors``: its ``.npy`` bytes by name), and those
+    ``replied`` last round where replies sent another dtype (:meth:`_replied`)."""
 
     def __init__(self, tensors: Mapping[str, bytes], replied: Mapping[str, bytes] | None = None) -> None:
         self.shape: dict[str, tuple[int, ...]] = {}
@@ -51,14 +44,12 @@ class ModelHeaders:
         self._replied(replied or {})
 
     def _replied(self, replied: Mapping[str, bytes]) -> None:
-        """The headers replies sent where they differ from the global model's (:meth:`dtypes_in_order`).
+        """Take ``replied`` (name -> ``.npy`` header) for :meth:`dtypes_in_order`'s first path.
 
-        Flower's FedAvg averages integer buffers (``num_batches_tracked``)
-        into float64, and clients send them back as integers: without these,
-        every reply of every round after the first would miss the fast path.
-        ``replied`` maps names to ``.npy`` headers (:func:`lips_flwr._npy.npy_header`'s
-        first item); one that does not describe a real-number array of the
-        global model's shape for its name is ignored.
+        Flower's FedAvg averages integer buffers into float64 and clients send
+        them back as integers: without these, every reply after the first round
+        would miss the fast path. A header that is not a real-number array of
+        the global model's shape for its name is ignored.
         """
         prefixes, lengths, dtype = list(self._prefixes), list(self._lengths), dict(self.dtype)
         for i, name in enumerate(self.names):
@@ -73,12 +64,8 @@ class ModelHeaders:
         self._replied_lengths = lengths if changed else self._lengths
 
     def all_same(self, tensors: Mapping[str, object]) -> bool:
-        """Whether every array is an ``.npy`` of the global model's dtype and shape for its name.
-
-        This runs for every array of every reply: arrays in the global model's
-        order (the usual case) are compared by :meth:`all_same_in_order`, in C
-        loops; others one by one, by name.
-        """
+        """Whether every array is an ``.npy`` of the global model's dtype and shape for its name
+        (arrays in the global model's order through :meth:`all_same_in_order`, others by name)."""
         if tuple(tensors) == self.names:
             return self.all_same_in_order(list(tensors.values()))
         heads = self._head
@@ -90,12 +77,8 @@ class ModelHeaders:
         return True
 
     def all_same_in_order(self, datas: Sequence[object]) -> bool:
-        """:meth:`all_same` for the arrays of the global model's names, listed in its order.
-
-        The same test (``bytes`` of the global model's length that start with
-        its header) as ``map`` and ``all`` over the whole list: no Python
-        bytecode runs per array.
-        """
+        """:meth:`all_same` for arrays listed in the global model's order, in C loops (``map``, ``all``):
+        no Python bytecode runs per array."""
         return (len(datas) == len(self._lengths)
                 and set(map(type, datas)) <= _BYTES
                 and list(map(len, datas)) == self._lengths  # type: ignore[arg-type]
@@ -104,12 +87,10 @@ class ModelHeaders:
     def dtypes_in_order(self, datas: Sequence[object]) -> Mapping[str, np.dtype] | None:
         """The dtypes of serialized arrays listed in the global model's order, from their headers.
 
-        ``replied_dtype`` when every array starts with the header the replies
-        sent last round (``replied``), else ``dtype`` when every array is like
-        the global model's (:meth:`all_same_in_order`), else ``None`` (then the
-        arrays are checked one by one). Last round's headers are tried first:
-        once FedAvg has made the global model's integer buffers float64, every
-        reply has them, and a good round costs one pass per reply.
+        ``replied_dtype`` when every array has the header replies sent last
+        round, else ``dtype`` when every array is like the global model's, else
+        ``None`` (then they are checked one by one). Last round's go first: once
+        FedAvg made the buffers float64, every reply has them.
         """
         if len(datas) != len(self._lengths) or not set(map(type, datas)) <= _BYTES:
             return None
@@ -125,11 +106,8 @@ class ModelHeaders:
         """Read-only views of serialized arrays listed in the global model's order.
 
         An array with the global model's header for its place is viewed with
-        the global model's layout, its header not parsed again; any other
-        (and any in Fortran order) is parsed (:func:`lips_flwr._npy.read_npy`,
-        ``ValueError`` if it cannot be read). A fresh aggregate (FedAvg's) has
-        the global model's headers but for integer buffers, which Flower
-        averages into float64.
+        its layout, the header not parsed again; any other (or in Fortran
+        order) is parsed (``ValueError`` if it cannot be read).
         """
         if len(datas) != len(self._layout):
             raise ValueError(f"{len(datas)} arrays, expected {len(self._layout)}")
@@ -146,17 +124,10 @@ class ModelHeaders:
 _BYTES = {bytes}
 
 
-def fast_reply_problem(
-    headers: ModelHeaders,
-    tensors: Mapping[str, bytes],
-    num_examples: object = None,
-    weight_key: str = "num-examples",
-) -> tuple[str | None, Mapping[str, np.dtype]]:
-    """:func:`.checks.reply_problem` without NaN/Inf, fast for arrays like the global model's; their dtypes.
-
-    Returns ``(reason or None, name -> dtype)``. Only a reply with an array
-    whose header differs from the global model's is parsed in full.
-    """
+def fast_reply_problem(headers: ModelHeaders, tensors: Mapping[str, bytes], num_examples: object = None,
+                       weight_key: str = "num-examples") -> tuple[str | None, Mapping[str, np.dtype]]:
+    """``(reason or None, name -> dtype)``: :func:`.checks.reply_problem` without NaN/Inf, and
+    the arrays' dtypes; only a reply with an array unlike the global model's is parsed."""
     if len(tensors) == len(headers.shape) and headers.all_same(tensors):
         reason = None if num_examples is None else num_examples_problem(num_examples, weight_key)
         return reason, headers.dtype
@@ -172,17 +143,12 @@ def fast_reply_problem(
 
 
 class HeaderCache:
-    """The headers of the round's global model, read once per model, and those replies sent last round.
-
-    The global model is the caller's object and may change: its headers are
-    read again when it holds other names or other serialized arrays than
-    when they were read.
-    """
+    """The headers of the round's global model, read once per model (again when it holds other
+    names or serialized arrays: it is the caller's object), and those replies sent last round."""
 
     def __init__(self) -> None:
         self._read: tuple[object, ModelHeaders, list] | None = None  # (model, its headers, its arrays then)
-        # name -> .npy header the replies sent last round where their dtype was not the global
-        # model's (ModelHeaders' `replied`: the fast path of the next round's checks).
+        # name -> .npy header replies sent last round in another dtype (ModelHeaders' `replied`).
         self.replied: Mapping[str, bytes] = MappingProxyType({})
 
     def forget(self) -> None:

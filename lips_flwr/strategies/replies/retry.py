@@ -10,8 +10,15 @@ square (:func:`.checks.culprit_among`), is dropped, the chain's state is put
 back as it was before the aggregation, and the rest are aggregated again.
 When no single reply explains it, the search goes on to the smallest set of
 replies, the largest values first, whose removal makes both finite (at most
-half of them); only then is the round given up. State that was already not
-finite before the round is not blamed on its replies.
+half of them); only then is the round given up, keeping the previous global
+model. State that was already not finite before the round is not blamed on
+its replies.
+
+When the wrapped strategy raises, the replies it cannot read (another
+serialization than numpy's) are dropped and the rest aggregated again; when
+there are none, its exception propagates. A chain with a privacy accountant
+is checked reply by reply before it aggregates: a retry would compose its
+privacy release twice.
 """
 
 from __future__ import annotations
@@ -65,13 +72,56 @@ def nonfinite_state(chain: list, to_state: Callable[[Any], Any]) -> list[str]:
 
 
 class Retry:
-    """One round's aggregation by the wrapped chain, and its re-runs from the chain's state before it."""
+    """One round's aggregation by the wrapped chain, checked, and its re-runs from the chain's state
+    before it (:meth:`aggregate`)."""
 
-    def __init__(self, gate: ReplyGate, access: ReplyAccess, chain: list, previous: Any) -> None:
+    def __init__(self, gate: ReplyGate, access: ReplyAccess, chain: list, server_round: int,
+                 previous: Any) -> None:
         self.gate, self.access, self.chain, self.previous = gate, access, chain, previous
+        self.round = server_round
         self.inner = inner_name(chain)
         self.saved = chain_state(chain)
         self.before: set[str] | None = None  # the state not finite before the round, once read
+        # A privacy accountant: replies are checked one by one before the aggregation, never retried.
+        self.irreversible = any(getattr(strategy, "accountant", None) is not None for strategy in chain)
+
+    def aggregate(self, replies: list) -> Aggregated:
+        """:meth:`.gate.ReplyGate.aggregate`: the chain's aggregate, finite with its state, or nothing."""
+        replies = list(replies)
+        self.access.snapshot(replies)
+        if self.irreversible:
+            while (found := self._culprit(replies)) is not None and found[1].startswith("NaN or Inf"):
+                self.gate.drop(self.access, replies.pop(found[0]), found[1])
+            self._drop_all(replies, self._unreadable(replies))
+        try:
+            outcome = self.run(replies, again=False)
+        except Exception as err:
+            bad = [] if self.irreversible else self._unreadable(replies)
+            if not bad:
+                raise
+            log(WARNING, "LIPS: round %d: %s raised %s: %s; dropping the %d replies it cannot read and "
+                "aggregating the rest again", self.round, self.inner, type(err).__name__, err, len(bad))
+            self._drop_all(replies, bad)
+            outcome = self.run(replies)
+        while any(problems := self.problems(outcome)):
+            if problems[1] and self.before is None and not self.irreversible and self.learn_before():
+                outcome = self.run(replies)  # with the state it had: what was not finite is not the replies'
+                continue
+            restore_chain_state(self.saved)
+            found = None if self.irreversible else self._culprit(replies)
+            if found is not None:
+                self.gate.drop(self.access, replies.pop(found[0]), found[1])
+            else:
+                left_out = None if self.irreversible else self.smallest_set(replies)
+                if left_out is None:
+                    self._give_up(problems, len(replies))
+                    return NOTHING  # nor the metrics of that aggregate
+                reason = (f"{self.inner} has NaN or Inf in {(problems[0] + problems[1])[:5]} with it: "
+                          f"leaving out the {len(left_out)} of {len(replies)} replies with the largest "
+                          "values makes it finite")
+                self._drop_all(replies, [(i, reason) for i in left_out])
+            outcome = self.run(replies)
+        return outcome
 
     def run(self, replies: list, again: bool = True) -> Aggregated:
         """The chain's aggregate of ``replies`` (``again``: from its state and the replies as they were)."""
@@ -127,77 +177,31 @@ class Retry:
             low, high = (low, middle) if sound(middle) else (middle, high)
         return order[:high]
 
+    def _give_up(self, problems: tuple[list[str], list[str]], count: int) -> None:
+        restore_chain_state(self.saved)
+        why = ("a retry would compose its privacy release twice" if self.irreversible
+               else "no reply explains it")
+        what = f"the aggregate of {self.inner}" + (" or its state" if problems[1] else "")
+        log(ERROR, "LIPS: round %d: %s has NaN or Inf in %s and %s; it is not broadcast, the global model "
+            "stays as it was%s", self.round, what, (problems[0] + problems[1])[:5], why,
+            "" if self.irreversible or count < 2 else
+            f" (nor does leaving out up to {count // 2} of the {count} replies, the largest values first)")
 
-def aggregate_checked(gate: ReplyGate, access: ReplyAccess, replies: list, chain: list,
-                      server_round: int, previous: Any) -> Aggregated:
-    """:meth:`.gate.ReplyGate.aggregate`: the wrapped chain's aggregate, finite with its state, or nothing."""
-    replies = list(replies)
-    access.snapshot(replies)
-    retry = Retry(gate, access, chain, previous)
-    irreversible = any(getattr(strategy, "accountant", None) is not None for strategy in chain)
-    if irreversible:
-        while (found := _culprit(access, replies)) is not None and found[1].startswith("NaN or Inf"):
-            gate.drop(access, replies.pop(found[0]), found[1])
-        _drop_all(gate, access, replies, _unreadable(access, replies))
-    try:
-        outcome = retry.run(replies, again=False)
-    except Exception as err:
-        bad = [] if irreversible else _unreadable(access, replies)
-        if not bad:
-            raise
-        log(WARNING, "LIPS: round %d: %s raised %s: %s; dropping the %d replies it cannot read "
-            "and aggregating the rest again", server_round, retry.inner, type(err).__name__, err, len(bad))
-        _drop_all(gate, access, replies, bad)
-        outcome = retry.run(replies)
-    while any(problems := retry.problems(outcome)):
-        if problems[1] and retry.before is None and not irreversible and retry.learn_before():
-            outcome = retry.run(replies)  # with the state it had: what was not finite is not the replies'
-            continue
-        restore_chain_state(retry.saved)
-        found = None if irreversible else _culprit(access, replies)
-        if found is not None:
-            gate.drop(access, replies.pop(found[0]), found[1])
-        else:
-            left_out = None if irreversible else retry.smallest_set(replies)
-            if left_out is None:
-                _give_up(server_round, retry, problems, irreversible, len(replies))
-                return NOTHING  # nor the metrics of that aggregate
-            reason = (f"{retry.inner} has NaN or Inf in {(problems[0] + problems[1])[:5]} with it: leaving "
-                      f"out the {len(left_out)} of {len(replies)} replies with the largest values makes "
-                      "it finite")
-            _drop_all(gate, access, replies, [(i, reason) for i in left_out])
-        outcome = retry.run(replies)
-    return outcome
+    def _culprit(self, replies: list) -> tuple[int, str] | None:
+        """``(index, reason)`` of the reply that makes an aggregate non-finite (reads every array)."""
+        self.access.restore()
+        return culprit_among([self.access.views(reply) for reply in replies],
+                             [self.access.overflow_weight(reply) for reply in replies])
 
+    def _unreadable(self, replies: list) -> list[tuple[int, str]]:
+        """``(index, reason)`` of each reply with an array in another serialization than numpy's."""
+        self.access.restore()
+        found = enumerate(map(self.access.stype_problem, replies))
+        return [(i, reason) for i, reason in found if reason is not None]
 
-def _give_up(server_round: int, retry: Retry, problems: tuple[list[str], list[str]], irreversible: bool,
-             count: int) -> None:
-    restore_chain_state(retry.saved)
-    why = "a retry would compose its privacy release twice" if irreversible else "no reply explains it"
-    what = f"the aggregate of {retry.inner}" + (" or its state" if problems[1] else "")
-    log(ERROR, "LIPS: round %d: %s has NaN or Inf in %s and %s; it is not broadcast, the global model "
-        "stays as it was%s", server_round, what, (problems[0] + problems[1])[:5], why,
-        "" if irreversible or count < 2 else
-        f" (nor does leaving out up to {count // 2} of the {count} replies, the largest values first)")
-
-
-def _culprit(access: ReplyAccess, replies: list) -> tuple[int, str] | None:
-    """``(index, reason)`` of the reply that makes an aggregate non-finite (reads every array)."""
-    access.restore()
-    return culprit_among([access.views(reply) for reply in replies],
-                         [access.overflow_weight(reply) for reply in replies])
-
-
-def _unreadable(access: ReplyAccess, replies: list) -> list[tuple[int, str]]:
-    """``(index, reason)`` of each reply with an array in another serialization than numpy's."""
-    access.restore()
-    found = enumerate(map(access.stype_problem, replies))
-    return [(i, reason) for i, reason in found if reason is not None]
-
-
-def _drop_all(gate: ReplyGate, access: ReplyAccess, replies: list, found: list[tuple[int, str]]) -> None:
-    for index, reason in sorted(found, reverse=True):
-        gate.drop(access, replies.pop(index), reason)
+    def _drop_all(self, replies: list, found: list[tuple[int, str]]) -> None:
+        for index, reason in sorted(found, reverse=True):
+            self.gate.drop(self.access, replies.pop(index), reason)
 
 
 # A retry must undo whatever the wrapped chain did while it aggregated, its own bookkeeping
@@ -229,4 +233,4 @@ def restore_chain_state(state: list[tuple[Any, dict, dict]]) -> None:
             live.extend(saved) if isinstance(live, list) else live.update(saved)
 
 
-__all__ = ["Aggregated", "aggregate_checked", "chain_state", "nonfinite_state", "restore_chain_state"]
+__all__ = ["Aggregated", "Retry", "chain_state", "nonfinite_state", "restore_chain_state"]

@@ -1,31 +1,18 @@
 """What a checkpoint holds of the wrapped strategies: a declared contract, and its restore.
 
-A LIPS strategy wraps a chain of strategies (``LIPS(DP(FedAvgM(...)))``)
-whose state evolves during a run: model copies and momenta (FedAvgM's
-``momentum_vector``, FedAdam's ``m_t``/``v_t``), numbers (the adaptive
-clipping norm) and objects with a ``state_dict`` (the privacy accountant).
-Each strategy of the chain declares its state (:func:`..chain.declared_state`):
+Each strategy of the chain (``LIPS(DP(FedAvgM(...)))``) declares the state it
+keeps between rounds (:func:`..chain.declared_state`): Flower's own by the
+table of :mod:`..flower_state`, any class by ``lips_state = ("attr", ...)``
+and ``lips_state_exclude = ("attr", ...)``, read along its bases. A declared
+attribute is saved as model-shaped arrays (an ArrayRecord, Parameters, a dict
+or list of ndarrays), a number, string, bool or ``None``, or an object's JSON
+``state_dict()`` (restored with ``load_state_dict``). Nothing else is saved:
+what the chain holds beyond its declared state that a checkpoint could save
+is named in a warning at the first save that finds it, and a resumed run
+starts it as built.
 
-* Flower's own strategies by the table of :mod:`..flower_state`;
-* any strategy class by two class attributes, read along its bases:
-  ``lips_state = ("attr", ...)``, attributes to save, and
-  ``lips_state_exclude = ("attr", ...)``, attributes to leave out (a
-  subclass of a Flower strategy adds to or takes from Flower's row).
-
-A declared attribute is saved as model-shaped arrays (an ArrayRecord,
-Parameters, a dict or list of ndarrays), a number, string, bool or ``None``,
-or an object's JSON ``state_dict()`` (restored with ``load_state_dict``).
-Nothing else is saved: what a chain holds beyond its declared state that a
-checkpoint could save (model-shaped values, such objects, numbers and strings
-changed since the run began) is named in a warning at the first save that
-finds it (:func:`undeclared_state`), and a resumed run starts it as built.
-
-The chain's classes must be the same on resume (``ValueError`` otherwise);
-its scalar settings may differ, with a warning naming each difference. What
-is put back is checked first (:func:`restore_state`): model-shaped state
-against the checkpoint's model, values against the kind of the attribute
-they replace; each restored value that differs from the one the strategy
-was built with is named in a warning.
+On resume the chain's classes must be the same (``ValueError`` otherwise);
+its scalar settings may differ, with a warning naming each difference.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -42,9 +29,7 @@ from flwr.common import log
 
 from ..chain import declared_state, strategy_chain
 
-# ``value -> (kind, name -> ndarray)`` or ``None`` when the value is not model-shaped state.
-ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]
-# ``(kind, name -> ndarray) -> value`` of that kind.
+ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]  # None: not model-shaped
 FromState = Callable[[str, Mapping[str, np.ndarray]], Any]
 
 
@@ -59,6 +44,7 @@ def ndarray_state(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
 
 
 def ndarray_value(kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
+    """:func:`ndarray_state`'s value back (copies)."""
     if kind == "dict":
         return {k: np.array(v) for k, v in arrays.items()}
     if kind == "list":
@@ -78,13 +64,6 @@ def _attributes(owner: Any) -> dict[str, tuple[Any, str]]:
             if attribute != "strategy" and not attribute.startswith("_lips"):
                 out[f"{depth}.{type(inner).__name__}.{attribute}"] = (inner, attribute)
     return out
-
-
-def _chain_keys(owner: Any) -> Iterator[tuple[str, Any, str]]:
-    """``("depth.Class.attribute", strategy, attribute)`` of every declared attribute of the chain."""
-    for depth, inner in enumerate(strategy_chain(owner)):
-        for attribute in declared_state(inner)[0]:
-            yield f"{depth}.{type(inner).__name__}.{attribute}", inner, attribute
 
 
 def _scalar(value: Any) -> Any:
@@ -136,30 +115,10 @@ def _as_state(value: Any, to_state: ToState) -> tuple[str | None, Any]:
     return ("objects", state) if state is not None else (None, None)
 
 
-def capture(owner: Any, to_state: ToState, settings: Mapping[str, Any]) -> tuple[dict, dict, list[str]]:
-    """``(arrays, meta, unsaved)``: the chain's declared state, and the keys of declared attributes
-    that are missing or hold nothing a checkpoint saves (``settings``: :func:`scalar_settings` at
-    the run's start)."""
-    parts: dict[str, dict] = {"arrays": {}, "scalars": {}, "objects": {}}
-    unsaved = []
-    for key, inner, attribute in _chain_keys(owner):
-        part, saved = _as_state(getattr(inner, attribute, _NOT_SCALAR), to_state)
-        if part is None:
-            unsaved.append(key)
-        else:
-            parts[part][key] = saved
-    meta = {"chain": chain_classes(owner), "settings": dict(settings),
-            "scalars": parts["scalars"], "objects": parts["objects"]}
-    return parts["arrays"], meta, unsaved
-
-
 def undeclared_state(owner: Any, to_state: ToState, baseline: Mapping[str, Any]) -> list[str]:
-    """Keys of what the chain holds beyond its declared state that a checkpoint could save.
-
-    Model-shaped values and objects with a JSON ``state_dict()``, and numbers
-    and strings that differ from ``baseline`` (:func:`scalar_settings` when
-    the run began: settings are not state), unless declared left out.
-    """
+    """Keys of what the chain holds beyond its declared state, and does not declare left out, that
+    a checkpoint could save: model-shaped values, objects with a JSON ``state_dict()``, and numbers
+    and strings that differ from ``baseline`` (:func:`scalar_settings` when the run began)."""
     declared = {id(inner): declared_state(inner) for inner in strategy_chain(owner)}
     found = []
     for key, (inner, attribute) in _attributes(owner).items():
@@ -191,8 +150,18 @@ class ChainRecord:
             self._baseline = scalar_settings(owner)
 
     def capture(self, owner: Any, to_state: ToState, path: Any) -> tuple[dict, dict]:
-        """:func:`capture`; what it leaves out (of checkpoint ``path``) is named once per key."""
-        arrays, meta, unsaved = capture(owner, to_state, self.settings)
+        """``(arrays, meta)``: the chain's declared state. What checkpoint ``path`` leaves out is named
+        once per key: declared attributes missing or holding nothing it saves, and undeclared state."""
+        parts: dict[str, dict] = {"arrays": {}, "scalars": {}, "objects": {}}
+        unsaved = []
+        for depth, inner in enumerate(strategy_chain(owner)):
+            for attribute in declared_state(inner)[0]:
+                key = f"{depth}.{type(inner).__name__}.{attribute}"
+                part, saved = _as_state(getattr(inner, attribute, _NOT_SCALAR), to_state)
+                if part is None:
+                    unsaved.append(key)
+                else:
+                    parts[part][key] = saved
         found = undeclared_state(owner, to_state, self._baseline or {})
         undeclared = [key for key in found if key not in self._named]
         unsaved = [key for key in unsaved if key not in self._named]
@@ -206,16 +175,14 @@ class ChainRecord:
                 "arrays, a number, string, bool, None or an object with a JSON state_dict()",
                 path, ", ".join(unsaved))
         self._named.update(undeclared, unsaved)
-        return arrays, meta
+        return parts["arrays"], {"chain": chain_classes(owner), "settings": dict(self.settings),
+                                 "scalars": parts["scalars"], "objects": parts["objects"]}
 
 
 def shape_problem(tensors: Mapping[str, np.ndarray], model: Mapping[str, np.ndarray]) -> str | None:
-    """Why model-shaped state ``tensors`` does not fit ``model``, or ``None``.
-
-    Its arrays are the model's, in order, keyed by the model's names or by
-    position (``"0"``, ``"1"``, ...: a list, legacy ``Parameters`` without
-    ``param_names``), each of the model's shape (any dtype).
-    """
+    """Why model-shaped state ``tensors`` does not fit ``model``, or ``None``: its arrays must be
+    the model's, keyed by its names or by position (a list, legacy ``Parameters`` without
+    ``param_names``), in its order, each of its shape (any dtype)."""
     names, model_names = list(tensors), list(model)
     if names != model_names and names != [str(i) for i in range(len(model_names))]:
         return (f"{len(names)} arrays named {names[:3]}..., the model has {len(model_names)} "
@@ -252,15 +219,12 @@ def restore_state(
 ) -> None:
     """Put captured state back into a chain of the same classes; ``ValueError`` otherwise.
 
-    Everything is checked before anything is set: each array state goes to an
-    attribute of the chain that holds no other object and, unless saved as
-    ``unshaped``, has the names and shapes of ``model`` (the checkpoint's);
-    each value goes to an attribute holding a value of its kind (a number for
-    a number, a string for a string, a bool for a bool; any over ``None``),
-    and text only to declared state (other text is a setting: a record or
-    metric name the run's replies are read by).
-    Each restored value that differs from the strategy's is named in a
-    warning: it replaces what the strategy was built with.
+    Everything is checked before anything is set: array state goes to an
+    attribute that holds no other object and, unless saved ``unshaped``, fits
+    ``model`` (the checkpoint's); a value to an attribute holding one of its
+    kind (any over ``None``), text only to declared state (other text is a
+    setting: a record or metric name replies are read by). Each restored value
+    that differs from what the strategy was built with is named in a warning.
     """
     meta = meta or {}
     here = _attributes(owner)

@@ -1,9 +1,6 @@
-"""The LIPS core's part of a checkpoint: its settings, layer choice, inertia and trigger series.
-
-What a checkpoint holds of :class:`~lips_flwr.core.lips.LIPSCore` is its
-plain-data state (:meth:`LIPSCore.state`); on resume it is checked against the
-live core's settings and the checkpoint's own model before the core takes it.
-"""
+"""The LIPS core's part of a checkpoint: its settings and plain-data state (:meth:`LIPSCore.state`:
+layer choice, inertia and trigger series), checked on resume against the live core's settings and
+the checkpoint's own model before the core takes it."""
 
 from __future__ import annotations
 
@@ -24,11 +21,9 @@ def checkpoint_of(
 ) -> Checkpoint:
     """The core's part of a checkpoint after ``server_round``; ``model`` is the broadcast one."""
     state = core.state()
-    return Checkpoint(
-        round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
-        model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
-        trigger=state["trigger"],
-    )
+    return Checkpoint(round=server_round, num_rounds=core.schedule.num_rounds, settings=core.settings(),
+                      model=dict(model), layers=state["layers"], inertia=state["inertia"], run_key=run_key,
+                      trigger=state["trigger"])
 
 
 def run_identity(model: Mapping[str, np.ndarray], settings: dict, num_rounds: int) -> dict:
@@ -37,24 +32,17 @@ def run_identity(model: Mapping[str, np.ndarray], settings: dict, num_rounds: in
 
 
 def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """Take the schedule position, layer choice, inertia series and trigger series of ``checkpoint``.
-
-    Raises ``ValueError`` naming every difference when the checkpoint was
-    written with other hyperparameters or another ``num_rounds``: it would
-    not continue the same schedule; and naming what does not fit when its
-    layer choice is not what ``core``'s ``layers`` selects on its model, or
-    its inertia series or inertia trigger's series does not fit its model.
-    """
+    """Take the schedule position and the core's state of ``checkpoint``; ``ValueError`` naming every
+    difference when it was written with other settings or ``num_rounds`` (it would not continue the
+    same schedule), or naming what does not fit (:func:`check_core_state`)."""
     problems = settings_mismatch(checkpoint.settings, core.settings())
     if core.num_rounds is not None and checkpoint.num_rounds != core.num_rounds:
         problems.append(f"num_rounds: checkpoint {checkpoint.num_rounds}, now {core.num_rounds}")
     if not 0 <= checkpoint.round <= checkpoint.num_rounds:
         problems.append(f"round {checkpoint.round} is outside 0..{checkpoint.num_rounds}")
     if problems:
-        raise ValueError(
-            "the checkpoint was written by a LIPS strategy with other settings; "
-            "resuming would not continue the same schedule: " + "; ".join(problems)
-        )
+        raise ValueError("the checkpoint was written by a LIPS strategy with other settings; "
+                         "resuming would not continue the same schedule: " + "; ".join(problems))
     check_core_state(core, checkpoint)
     if core.num_rounds is None:
         core.set_num_rounds(checkpoint.num_rounds)
@@ -63,8 +51,8 @@ def continue_schedule(core: LIPSCore, checkpoint: Checkpoint) -> None:
 
 
 def check_core_state(core: LIPSCore, checkpoint: Checkpoint) -> None:
-    """``ValueError`` unless the checkpoint's layer choice, inertia series and trigger series fit
-    its model and ``core``."""
+    """``ValueError`` unless the checkpoint's layer choice (what ``core``'s ``layers`` selects on its
+    model), inertia series and trigger series fit its model and ``core``."""
     model = checkpoint.model
     if core.inertia_trigger is not None:
         if checkpoint.trigger is None:
@@ -121,11 +109,8 @@ def _layers_label(layers: Any) -> str:
 
 
 def _as_initial(model: Mapping[str, np.ndarray], identity: dict | None) -> Mapping[str, np.ndarray]:
-    """``model`` with the dtypes of its run's initial model, on which the layers were chosen.
-
-    Flower's Message API FedAvg returns integer buffers as float64: the
-    checkpoint's model may have other dtypes than the model the run started with.
-    """
+    """``model`` with the dtypes of its run's initial model, on which the layers were chosen (Flower's
+    Message FedAvg returns integer buffers as float64)."""
     if identity is None:
         return model
     dtypes = dict(zip(identity["initial_model"]["names"], identity["initial_model"]["dtypes"]))

@@ -1,12 +1,10 @@
-"""Checkpoint and resume, as both adapters do it after their own conversions.
+"""Checkpoint and resume for both adapters: what to save, when, and what to resume from.
 
-The checkpoint is assembled here: the core's settings and plain-data state
-(:mod:`.core_state`), the run key, the wrapped strategies' state
-(:mod:`.chain_state`) and the RNGs' state; the file format is
-:mod:`lips_flwr.persistence.checkpoint`'s. On resume the checkpoint is checked
-against the live settings, the run's initial model and its own model's
-shapes, then everything is put back. Each adapter holds one
-:class:`CheckpointKeeper`, which holds the checkpoint's lock for its run.
+A checkpoint holds the core's settings and state (:mod:`.core_state`), the run
+key, the wrapped strategies' state (:mod:`.chain_state`) and the RNGs' state,
+in :mod:`lips_flwr.persistence.checkpoint`'s format. On resume it is checked
+against the live settings, the run's initial model and its own model before
+anything is put back.
 """
 
 from __future__ import annotations
@@ -43,15 +41,8 @@ from .core_state import checkpoint_of, continue_schedule, run_identity
 
 
 class CheckpointKeeper:
-    """One strategy's checkpointing: what to save, when, and what to resume from.
-
-    Parameters
-    ----------
-    path : str or PathLike, optional
-        The checkpoint file; ``None``: no checkpoint (every method is then a no-op).
-    resume : bool or "auto"
-        See :class:`lips_flwr.strategies.LIPS`.
-    """
+    """One strategy's checkpointing, with the checkpoint's lock for its run (``path`` ``None``: no
+    checkpoint, nothing to do; ``resume``: the strategy's option)."""
 
     def __init__(self, path: Any, resume: Any) -> None:
         self.path, self.resume = validate_resume(path, resume)
@@ -67,13 +58,10 @@ class CheckpointKeeper:
         self._history: HistoryLog | None = None
 
     def begin(self, owner: Any, core: LIPSCore) -> Checkpoint | None:
-        """At the start of a run: the checkpoint to continue from (checked), else name a fresh run.
-
-        Takes the checkpoint's lock for the run. Raises ``ValueError`` before
-        any round trains when another run is writing the checkpoint, when it
-        has other settings or state that does not fit them, when it cannot be
-        written, or (``resume=False``) when the file is not a LIPS checkpoint.
-        """
+        """At the start of a run, its lock taken: the checkpoint to continue from (checked), else
+        ``None`` and a new run key. ``ValueError`` before any round when another run is writing the
+        checkpoint, when it does not fit the settings, cannot be written, or (``resume=False``) is
+        not a LIPS checkpoint."""
         self.release()
         self.saved_round, self.seconds, self._pending_random = None, None, None
         self.run_key, self.identity, self._history = None, None, None
@@ -124,11 +112,8 @@ class CheckpointKeeper:
         to_state: ToState, from_state: FromState,
     ) -> None:
         """Put the wrapped strategies' state back; the RNGs' state waits for :meth:`before_round`.
-
-        ``initial_model`` (the model the run was given, when known) must have
-        the checkpoint model's names and shapes, and be the initial model of
-        the run that wrote the checkpoint: ``ValueError`` otherwise.
-        """
+        ``ValueError`` unless ``initial_model`` (the run's, when known) is the initial model of the
+        run that wrote the checkpoint."""
         try:
             self._restore(owner, checkpoint, initial_model, to_state, from_state)
         except BaseException:
@@ -174,19 +159,14 @@ class CheckpointKeeper:
         if checkpoint is not None and checkpoint.numpy_random is not None:
             restore_numpy_random(checkpoint.numpy_random)
 
-    def save(
-        self, owner: Any, core: LIPSCore, server_round: int,
-        model: Mapping[str, np.ndarray], to_state: ToState,
-        history: Mapping[str, Mapping[int, Mapping]] | None = None,
-    ) -> None:
+    def save(self, owner: Any, core: LIPSCore, server_round: int, model: Mapping[str, np.ndarray],
+             to_state: ToState, history: Mapping[str, Mapping[int, Mapping]] | None = None) -> None:
         """Write the state after ``server_round`` (``model``: the global model then), once per round.
 
-        Round 0 writes nothing: its ``model`` is the run's initial model, whose
-        fingerprint becomes the run's identity. ``history`` (per-round
-        metrics) is appended to the history file, a round at a time. After the
-        last round the lock goes: the run is over. A save the OS refuses is an
-        ERROR naming the checkpoint and the error, and the run goes on: the
-        next round's save writes the state then.
+        Round 0 writes nothing: its ``model``'s fingerprint becomes the run's
+        identity. ``history`` (per-round metrics) is appended to the history
+        file. A save the OS refuses is an ERROR and the run goes on: the next
+        round's save tries again. After the last round the lock goes.
         """
         if self.path is None:
             return

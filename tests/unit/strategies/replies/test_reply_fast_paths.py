@@ -32,10 +32,10 @@ from flower_fakes import (
 from lips_flwr._npy import read_npy
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.replies.headers import ModelHeaders
-from lips_flwr.strategies.replies.message_access import read_train_reply
-from lips_flwr.strategies.replies.message_records import (
+from lips_flwr.strategies.replies.message_access import (
     consistent,
     in_arrival_order,
+    read_train_reply,
     record_dict,
     signature,
 )
