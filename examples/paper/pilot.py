@@ -221,9 +221,15 @@ def cell_lines(name: str, cell: dict, figure: Path | None) -> list[str]:
     return lines + [""]
 
 
-def decision_lines(cells: dict) -> list[str]:
-    """PILOT.md's decision rule applied: a proposal per cell with inertia, or the plain conclusion."""
+def decision_lines(cells: dict, missing: tuple[str, ...] = ()) -> list[str]:
+    """PILOT.md's decision rule applied: a proposal per cell with inertia, or the plain conclusion.
+
+    ``missing`` are PILOT.md's cells without result files: the conclusion is then about the measured
+    cells only, and says which cells it waits for.
+    """
     lines = ["## Decision (PILOT.md)", ""]
+    if missing:
+        lines += [f"Not run yet: {', '.join(missing)}. What follows is about the measured cells only.", ""]
     with_inertia = [n for n, c in cells.items() if c["arises"]]
     for name in with_inertia:
         hours = CONFIRMATORY_RUNS * cells[name]["run_hours"]
@@ -235,7 +241,10 @@ def decision_lines(cells: dict) -> list[str]:
         if not cell["arises"] and cell["arises_in"]:
             lines.append(f"- {name}: inertia arises in {cell['arises_in']} of {cell['seeds']} seeds only; "
                          "no confirmatory study (PILOT.md).")
-    if not with_inertia:
+    if not with_inertia and missing:
+        lines.append(f"No measured cell ({', '.join(cells)}) shows inertia by the study's rule; the pilot's "
+                     f"decision waits for {', '.join(missing)}.")
+    elif not with_inertia:
         lines.append("No cell shows inertia by the study's rule: the paper's premise, layer-wise inertia of "
                      "the middle layers, did not reproduce offline at these scales.")
     return lines + [""]
@@ -253,7 +262,7 @@ def report(results: Path, out: Path) -> dict:
              "`examples/paper/pilot.py report`; the numbers and their provenance are in `report.json`. "
              f"`rho` = late (last {LAST} rounds) / early (rounds 2-6) mean relative step of a layer; inertia "
              "arises in a run when the middle layers' median `rho` is below half the first and last layers' "
-             "mean.", "", *decision_lines(cells)]
+             "mean.", "", *decision_lines(cells, tuple(c for c in CELLS if c not in cells))]
     figures = []
     for f in folders:
         if f.name in cells:

@@ -97,6 +97,9 @@ def test_a_cell_needs_inertia_in_every_seed_and_then_gets_a_costed_proposal(tmp_
     assert "one: inertia arises in 1 of 2 seeds only" in text and "did not reproduce" not in text
     plain = "\n".join(pilot.decision_lines({"one": one}))
     assert "did not reproduce offline at these scales" in plain
+    partial = "\n".join(pilot.decision_lines({"one": one}, missing=("vgg6-n100", "vgg6-n50")))
+    assert "Not run yet: vgg6-n100, vgg6-n50" in partial and "waits for vgg6-n100, vgg6-n50" in partial
+    assert "did not reproduce" not in partial  # no conclusion over cells that were not run
 
 
 def test_the_report_writes_its_tables_heatmaps_and_provenance(tmp_path):
@@ -105,6 +108,7 @@ def test_the_report_writes_its_tables_heatmaps_and_provenance(tmp_path):
     record = pilot.report(tmp_path / "results", tmp_path / "out")
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## resnet8-n50" in text and "it **arises** in this cell" in text
+    assert "Not run yet: resnet8-n100, vgg6-n100, vgg6-n50" in text
     assert (tmp_path / "out" / "resnet8-n50-relative-step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["cells"]["resnet8-n50"]["arises_in"] == record["cells"]["resnet8-n50"]["arises_in"] == 2
