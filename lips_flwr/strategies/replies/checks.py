@@ -119,17 +119,33 @@ def metric_ok(value: object) -> bool:
     return -MAX_METRIC <= number <= MAX_METRIC
 
 
-def stand_in(found: Sequence[tuple[object, float]]) -> object:
-    """The weighted mean of ``(value, weight)`` pairs of good metric values (lists element-wise), or
-    ``None`` without any: given to a bad value, it leaves the weighted mean of all replies the
-    weighted mean of the others."""
-    if not found:
+def stand_in(bad: object, found: Sequence[tuple[object, float]]) -> object:
+    """What a bad metric value ``bad`` becomes: the weighted mean of the ``(value, weight)`` pairs
+    of good values of its form, or ``None`` without any; given to a bad value, it leaves the
+    weighted mean of all replies the weighted mean of the others.
+
+    Its form: a number for a number, a list of numbers of its length for a
+    list (averaged element-wise). Other values under its key are not averaged:
+    legacy metrics may hold text, bools or lists of another length there.
+    """
+    if isinstance(bad, list):
+        size = len(bad)
+        lists = [(value, weight) for value, weight in found
+                 if isinstance(value, list) and len(value) == size and all(map(_number, value))]
+        if not lists:
+            return None
+        total = math.fsum(weight for _, weight in lists)
+        return [math.fsum(float(v[i]) * w for v, w in lists) / total for i in range(size)]
+    scalars = [(float(cast(float, value)), weight) for value, weight in found if _number(value)]
+    if not scalars:
         return None
-    total = math.fsum(weight for _, weight in found)
-    first = found[0][0]
-    if isinstance(first, list):
-        return [math.fsum(float(cast(list, v)[i]) * w for v, w in found) / total for i in range(len(first))]
-    return math.fsum(float(cast(float, v)) * w for v, w in found) / total
+    total = math.fsum(weight for _, weight in scalars)
+    return math.fsum(v * w for v, w in scalars) / total
+
+
+def _number(value: object) -> bool:
+    """Whether ``value`` is a real number that is not a bool (what a mean takes in)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def culprit_among(
