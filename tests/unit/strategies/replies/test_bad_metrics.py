@@ -181,6 +181,27 @@ def test_a_bad_legacy_metric_beside_text_or_bools_is_stood_in_for_by_the_numbers
                     (60, {"k": 0.8, "t": "good", "b": 0.4, "l": [0.3, 0.6]})]
 
 
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_legacy_loss_is_left_out_of_the_aggregated_loss(bad, caplog):
+    """Before: ``EvaluateRes.loss`` was not checked; NaN, Inf or 1e308 went into Flower's
+    ``weighted_loss_avg`` (a NaN or Inf round loss). Now it is treated as a bad metric is."""
+    with caplog.at_level(logging.WARNING):
+        loss, metrics = legacy_evaluate((0.5, BAD[bad], 0.8), [{"acc": 0.1}, {"acc": 0.2}, {"acc": 0.3}])
+    assert f"LIPS: leaving the metric 'EvaluateRes.loss' of client 2 ({BAD[bad]!r}) out" in caplog.text
+    assert loss == pytest.approx((10 * 0.5 + 60 * 0.8) / 70)  # clients 1 and 3
+    assert metrics["acc"] == pytest.approx((10 * 0.1 + 30 * 0.2 + 60 * 0.3) / 100)  # its metrics count
+
+
+def test_a_legacy_round_without_a_good_loss_has_no_loss(caplog):
+    """No result has a good loss: the round's loss is None (Flower's server records none), its
+    metrics still aggregated."""
+    with caplog.at_level(logging.WARNING):
+        loss, metrics = legacy_evaluate((math.nan, math.inf, 1e308), [{"acc": 0.1}, {"acc": 0.2}, {"acc": 0.3}])
+    assert loss is None
+    assert caplog.text.count("LIPS: leaving the metric 'EvaluateRes.loss'") == 3
+    assert metrics["acc"] == pytest.approx((10 * 0.1 + 30 * 0.2 + 60 * 0.3) / 100)
+
+
 @pytest.mark.parametrize("kind", ["train", "evaluate"])
 def test_a_legacy_metric_named_num_examples_is_checked_as_any_other(kind, caplog):
     """Before: a metric named like the weight (legacy ``num_examples``, a field of its own) skipped the
