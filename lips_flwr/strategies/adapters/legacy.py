@@ -141,11 +141,15 @@ class _LegacyLIPSMixin(LIPSAdapter):
     def aggregate_evaluate(
         self, server_round: int, results: EvaluateResults, failures: EvaluateFailures
     ) -> tuple[float | None, dict[str, Scalar]]:
-        """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures."""
+        """The wrapped strategy's evaluate aggregate; results with a bad ``num_examples`` move to failures,
+        a bad loss or metric is left out as in the Message API (no good loss: the round's is ``None``,
+        which Flower's server does not record)."""
         access = LegacyReplies(results, list(failures), server_round)
         results = self._lips_gate.admit_evaluate(access)
-        return super().aggregate_evaluate(  # type: ignore[misc]
+        any_loss = access.write_losses()
+        loss, metrics = super().aggregate_evaluate(  # type: ignore[misc]
             self._round(server_round), results, access.failures)
+        return (loss if any_loss else None), metrics
 
     @_ends_the_run_on_error
     def evaluate(

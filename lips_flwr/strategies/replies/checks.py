@@ -11,8 +11,12 @@ casts them); a bool is a number only for a bool array (:func:`real_for`). The
 one full pass, the NaN/Inf test, runs on the aggregate, and on the replies
 only to find a culprit.
 
-A new value-level rule goes into :func:`reply_problem` when it reads one
-reply's arrays, or into :func:`culprit_among` when it explains a bad aggregate.
+A new value-level rule on one reply's arrays goes into the gate
+(:meth:`.gate.ReplyGate._problem`), which every train reply passes: a reply
+whose headers match the global model's (the usual case) never reaches
+:func:`reply_problem` or :func:`.headers.fast_reply_problem`, so a rule there
+would miss it. A rule that explains a bad aggregate goes into
+:func:`culprit_among`.
 """
 
 from __future__ import annotations
@@ -70,15 +74,15 @@ def num_examples_problem(value: object, key: str = "num-examples") -> str | None
     return None
 
 
-def reply_problem(expected: Mapping[str, tuple], tensors: Mapping[str, bytes], num_examples: object = None,
-                  weight_key: str = "num-examples", finite: bool = True) -> str | None:
-    """Why a client reply must not be aggregated, or ``None`` if it may.
+def reply_problem(expected: Mapping[str, tuple], tensors: Mapping[str, bytes], *,
+                  finite: bool = True) -> str | None:
+    """Why a client reply's arrays must not be aggregated, or ``None`` if they may.
 
     ``expected``: the global model's shapes (:func:`model_shapes`); ``tensors``:
-    the reply's ``.npy`` bytes by name; ``num_examples``: its example count
-    (:data:`MISSING`: it has none; ``None``: not checked) named ``weight_key``;
-    ``finite=False`` skips the NaN/Inf test, the one full pass over the data
-    (the gate tests the aggregate instead, and the replies only for a culprit).
+    the reply's ``.npy`` bytes by name; ``finite=False`` skips the NaN/Inf test,
+    the one full pass over the data (the gate tests the aggregate instead, and
+    the replies only for a culprit). The example count is the gate's to check
+    (:func:`num_examples_problem`).
     """
     arrays = {}
     for name, data in tensors.items():
@@ -92,10 +96,6 @@ def reply_problem(expected: Mapping[str, tuple], tensors: Mapping[str, bytes], n
     for name, array in arrays.items():
         if array.dtype.kind not in REAL_KINDS:
             return f"array {name!r} has dtype {array.dtype}, not a real number type"
-    if num_examples is not None:
-        reason = num_examples_problem(num_examples, weight_key)
-        if reason is not None:
-            return reason
     bad = nonfinite_arrays(arrays) if finite else []
     if bad:
         return f"NaN or Inf in arrays {bad[:5]}"
@@ -119,17 +119,33 @@ def metric_ok(value: object) -> bool:
     return -MAX_METRIC <= number <= MAX_METRIC
 
 
-def stand_in(found: Sequence[tuple[object, float]]) -> object:
-    """The weighted mean of ``(value, weight)`` pairs of good metric values (lists element-wise), or
-    ``None`` without any: given to a bad value, it leaves the weighted mean of all replies the
-    weighted mean of the others."""
-    if not found:
+def stand_in(bad: object, found: Sequence[tuple[object, float]]) -> object:
+    """What a bad metric value ``bad`` becomes: the weighted mean of the ``(value, weight)`` pairs
+    of good values of its form, or ``None`` without any; given to a bad value, it leaves the
+    weighted mean of all replies the weighted mean of the others.
+
+    Its form: a number for a number, a list of numbers of its length for a
+    list (averaged element-wise). Other values under its key are not averaged:
+    legacy metrics may hold text, bools or lists of another length there.
+    """
+    if isinstance(bad, list):
+        size = len(bad)
+        lists = [(value, weight) for value, weight in found
+                 if isinstance(value, list) and len(value) == size and all(map(_number, value))]
+        if not lists:
+            return None
+        total = math.fsum(weight for _, weight in lists)
+        return [math.fsum(float(v[i]) * w for v, w in lists) / total for i in range(size)]
+    scalars = [(float(cast(float, value)), weight) for value, weight in found if _number(value)]
+    if not scalars:
         return None
-    total = math.fsum(weight for _, weight in found)
-    first = found[0][0]
-    if isinstance(first, list):
-        return [math.fsum(float(cast(list, v)[i]) * w for v, w in found) / total for i in range(len(first))]
-    return math.fsum(float(cast(float, v)) * w for v, w in found) / total
+    total = math.fsum(weight for _, weight in scalars)
+    return math.fsum(v * w for v, w in scalars) / total
+
+
+def _number(value: object) -> bool:
+    """Whether ``value`` is a real number that is not a bool (what a mean takes in)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def culprit_among(

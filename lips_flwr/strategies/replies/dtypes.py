@@ -22,16 +22,17 @@ _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def kept_as_sent(sent: np.dtype, model: np.dtype) -> bool:
-    """Whether replies that all send ``sent`` for a ``model`` array are aggregated as sent: integers
-    the model's integer type holds exactly, and integers or float32 for a float64 model (Flower's
-    FedAvg averages integer buffers into float64, FedAdam returns float64 for float32)."""
+    """Whether replies that all send ``sent`` for a ``model`` array are aggregated as sent: the model's
+    own dtype, and 64-bit integers or float32 for a float64 model (Flower's FedAvg averages integer
+    buffers into float64, FedAdam returns float64 for float32).
+
+    A narrower integer is cast: Flower's legacy ``aggregate`` multiplies each
+    reply by its example count in the reply's dtype (``layer * num_examples``),
+    which an int8 or int32 overflows (numpy 2 raises or wraps silently).
+    """
     if sent == model:
         return True
-    if sent.kind not in "iuf" or not np.can_cast(sent, model, "safe"):
-        return False
-    if model == _FLOAT64:
-        return sent.kind in "iu" or sent == _FLOAT32
-    return sent.kind in "iu" and model.kind in "iu"
+    return model == _FLOAT64 and (sent == _FLOAT32 or (sent.kind in "iu" and sent.itemsize == 8))
 
 
 def round_dtypes(

@@ -224,25 +224,26 @@ class ReplyGate:
     def _leave_out_bad_metrics(self, access: ReplyAccess[R], reads: list[ReadReply]) -> None:
         """Leave NaN, Inf and values beyond ``MAX_METRIC`` out of the aggregated metrics, a WARNING each.
 
-        A bad value becomes the weighted mean of the other replies' values for
-        its key (:func:`.checks.stand_in`), so that a weighted mean of all
-        replies is theirs; a key no reply has a good value for goes from every
-        reply. The reply's arrays still count.
+        A bad value becomes the weighted mean of the other replies' good values
+        of its form for its key (:func:`.checks.stand_in`), so that a weighted
+        mean of all replies is theirs; without any, the key goes from the
+        replies with a bad value. The reply's arrays still count.
         """
         found = [(read, record) for read in reads for record in access.metric_records(read.reply)]
         bad: dict[str, list[tuple[ReadReply, MutableMapping[str, Any]]]] = {}
         for read, record in found:
             for key, value in record.items():
-                if key != read.weight_key and not metric_ok(value):
+                if not metric_ok(value):
                     bad.setdefault(key, []).append((read, record))
         for key, spoilt in bad.items():
             for read, record in spoilt:
                 log(WARNING, "LIPS: leaving the metric %r of %s (%r) out of the aggregate: not a finite "
                     "number within +-%.3g", key, access.sender(read.reply), record[key], MAX_METRIC)
             left_out = {id(record) for _, record in spoilt}
-            value = stand_in([(record[key], _weight(read.weight)) for read, record in found
-                              if key in record and id(record) not in left_out])
-            for _, record in found if value is None else spoilt:
+            good = [(record[key], _weight(read.weight)) for read, record in found
+                    if key in record and id(record) not in left_out]
+            for _, record in spoilt:
+                value = stand_in(record[key], good)
                 if value is None:
                     record.pop(key, None)
                 else:

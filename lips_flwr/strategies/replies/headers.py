@@ -16,7 +16,7 @@ from types import MappingProxyType
 import numpy as np
 
 from ..._npy import npy_header, read_npy
-from .checks import num_examples_problem, real_for, reply_problem
+from .checks import real_for, reply_problem
 
 
 class ModelHeaders:
@@ -124,14 +124,13 @@ class ModelHeaders:
 _BYTES = {bytes}
 
 
-def fast_reply_problem(headers: ModelHeaders, tensors: Mapping[str, bytes], num_examples: object = None,
-                       weight_key: str = "num-examples") -> tuple[str | None, Mapping[str, np.dtype]]:
+def fast_reply_problem(headers: ModelHeaders,
+                       tensors: Mapping[str, bytes]) -> tuple[str | None, Mapping[str, np.dtype]]:
     """``(reason or None, name -> dtype)``: :func:`.checks.reply_problem` without NaN/Inf, and
     the arrays' dtypes; only a reply with an array unlike the global model's is parsed."""
     if len(tensors) == len(headers.shape) and headers.all_same(tensors):
-        reason = None if num_examples is None else num_examples_problem(num_examples, weight_key)
-        return reason, headers.dtype
-    reason = reply_problem(headers.shape, tensors, num_examples, weight_key, finite=False)
+        return None, headers.dtype
+    reason = reply_problem(headers.shape, tensors, finite=False)
     if reason is not None:
         return reason, {}
     dtypes = {name: read_npy(data).dtype for name, data in tensors.items()}

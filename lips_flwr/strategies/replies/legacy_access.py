@@ -3,11 +3,13 @@
 A result's ``Parameters.tensors`` are unnamed: they are the global model's
 arrays in its order, so a result with another count is dropped before
 anything else is read. A dropped result moves to the round's failures, where
-the wrapped strategy counts it (``accept_failures``).
+the wrapped strategy counts it (``accept_failures``). An evaluate result's
+``loss`` is checked as its metrics are, under the key :data:`LOSS`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ from .headers import ModelHeaders
 
 Result = tuple[ClientProxy, Any]  # a FitRes or an EvaluateRes
 InnerAggregate = Callable[[int, list, list], tuple[Any, Any]]
+LOSS = "EvaluateRes.loss"  # the key the gate checks an evaluate result's loss under, beside its metrics
 
 
 class LegacyReplies(ReplyAccess[Result]):
@@ -36,6 +39,7 @@ class LegacyReplies(ReplyAccess[Result]):
         self.candidates, self.failures = list(results), failures
         self._round, self._views, self._inner = server_round, views, inner
         self._saved: list[tuple[FitRes, Any, list[bytes]]] = []
+        self._losses: dict[int, tuple[EvaluateRes, dict[str, Any]]] = {}  # id(result) -> it, {LOSS: loss}
 
     def sender(self, reply: Result) -> str:
         return f"client {reply[0].cid}"
@@ -56,7 +60,23 @@ class LegacyReplies(ReplyAccess[Result]):
         return read
 
     def metric_records(self, reply: Result) -> list[Any]:
-        return [reply[1].metrics] if isinstance(reply[1].metrics, dict) else []
+        res = reply[1]
+        found = [res.metrics] if isinstance(res.metrics, dict) else []
+        if isinstance(res, EvaluateRes):  # Flower's weighted_loss_avg takes the loss in: check it too
+            loss = {LOSS: res.loss}
+            self._losses[id(res)] = (res, loss)
+            found.append(loss)
+        return found
+
+    def write_losses(self) -> bool:
+        """Put the losses the gate checked (:meth:`metric_records`) back into their results; ``False``
+        when none is left: every loss was bad, each is set to NaN (a mean of them raises nothing),
+        and the round's loss is the adapter's to leave out."""
+        kept = False
+        for res, loss in self._losses.values():
+            kept = kept or LOSS in loss
+            res.loss = loss.get(LOSS, math.nan)
+        return kept
 
     def replace(self, read: ReadReply, index: int, array: np.ndarray) -> None:
         data = read.datas[index] = ndarray_to_bytes(array)
@@ -89,4 +109,4 @@ class LegacyReplies(ReplyAccess[Result]):
         return sum(KEY_CLIENT_ZEROS in (res.metrics or {}) for _, res in replies)
 
 
-__all__ = ["LegacyReplies"]
+__all__ = ["LOSS", "LegacyReplies"]

@@ -17,6 +17,7 @@ its scalar settings may differ, with a warning naming each difference.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import numbers
@@ -223,7 +224,8 @@ def restore_state(
     attribute that holds no other object and, unless saved ``unshaped``, fits
     ``model`` (the checkpoint's); a value to an attribute holding one of its
     kind (any over ``None``), text only to declared state (other text is a
-    setting: a record or metric name replies are read by). Each restored value
+    setting: a record or metric name replies are read by); an object's state
+    is loaded into a copy of it first (:func:`_copy`). Each restored value
     that differs from what the strategy was built with is named in a warning.
     """
     meta = meta or {}
@@ -279,14 +281,34 @@ def restore_state(
         updates.append((inner, attribute, value))
         if _scalar(live) != value or type(_scalar(live)) is not type(value):
             restored.append(f"{key} = {value!r} (built with {live!r})")
-    objects = [(target(key, "the state of"), key, state) for key, state in meta.get("objects", {}).items()]
+    objects = [(getattr(*target(key, "the state of")), key, state)
+               for key, state in meta.get("objects", {}).items()]
+    # An object checks its state in its own load_state_dict: each loads it into a copy first, nothing
+    # set yet; one that cannot be copied loads it itself, after those checks and before any setattr.
+    tried = [(obj, key, state, _copy(obj)) for obj, key, state in objects]
+    for obj, key, state, trial in sorted(tried, key=lambda found: found[3] is None):
+        _load(obj if trial is None else trial, key, state)
     for inner, attribute, value in updates:
         setattr(inner, attribute, value)
+    for obj, key, state, trial in tried:
+        if trial is not None:
+            _load(obj, key, state)
     if restored:
         log(WARNING, "LIPS: restoring values of the wrapped strategies from the checkpoint: %s",
             "; ".join(restored))
-    for (inner, attribute), key, state in objects:
-        try:
-            getattr(inner, attribute).load_state_dict(state)
-        except Exception as err:  # the object's own validation: any error means "cannot resume"
-            raise ValueError(f"cannot restore {key!r} from the checkpoint: {err}") from err
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of ``obj`` to try a state on, or ``None`` when it cannot be copied."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception:  # a lock, a file, a C object: it is tried on itself
+        return None
+
+
+def _load(obj: Any, key: str, state: Any) -> None:
+    """``obj.load_state_dict(state)``; ``ValueError`` naming ``key`` when it fails."""
+    try:
+        obj.load_state_dict(state)
+    except Exception as err:  # the object's own validation: any error means "cannot resume"
+        raise ValueError(f"cannot restore {key!r} from the checkpoint: {err}") from err

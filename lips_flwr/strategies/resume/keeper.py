@@ -166,7 +166,8 @@ class CheckpointKeeper:
         Round 0 writes nothing: its ``model``'s fingerprint becomes the run's
         identity. ``history`` (per-round metrics) is appended to the history
         file. A save the OS refuses is an ERROR and the run goes on: the next
-        round's save tries again. After the last round the lock goes.
+        round's save tries again. After the last round's save, written or not,
+        the lock goes (the legacy API has no end-of-run hook).
         """
         if self.path is None:
             return
@@ -194,11 +195,12 @@ class CheckpointKeeper:
             log(ERROR, "LIPS: cannot write the checkpoint %r after round %d (%s: %s): the run goes on; "
                 "the next round's save tries again (%s)", self.path, server_round, type(err).__name__, err,
                 held)
-            return
-        self.saved_round = server_round
-        self.seconds = time.perf_counter() - start
-        if server_round >= checkpoint.num_rounds:
-            self.release()  # the run is over: another may use the path
+        else:
+            self.saved_round = server_round
+            self.seconds = time.perf_counter() - start
+        finally:
+            if server_round >= checkpoint.num_rounds:
+                self.release()  # the run is over, saved or not: another may use the path
 
     def _hold_lock(self) -> None:
         """``ValueError`` when another run took the checkpoint over; take the lock if not held."""

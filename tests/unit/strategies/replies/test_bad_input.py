@@ -471,25 +471,49 @@ def test_odd_dtypes_from_most_replies_do_not_narrow_the_honest_ones(api, dtype, 
 
 
 def test_replies_in_what_flower_made_of_their_dtype_are_aggregated_as_sent():
-    """The exceptions to the model's dtypes: integers or float32 for a float64 model, from every reply.
+    """The exceptions to the model's dtypes: 64-bit integers or float32 for a float64 model, from every
+    reply.
 
     Flower's FedAvg makes integer buffers float64 and FedAdam makes a float32
     model float64, while clients go on sending their own dtypes: no cast, and
     the same dtype map (the fast path of the next round). Anything else, and
-    any mix, is cast to the model's dtype.
+    any mix, is cast to the model's dtype; narrower integers too (see
+    :func:`test_narrow_integer_replies_are_cast_before_flowers_legacy_aggregate`).
     """
-    f64, f32, f16, i64, i32 = map(np.dtype, (np.float64, np.float32, np.float16, np.int64, np.int32))
-    model = {"w": f64, "n": f64, "i": i64}
-    as_sent = {"w": f32, "n": i64, "i": i32}
+    f64, f32, f16, i64, i32, u64, i8 = map(np.dtype, (np.float64, np.float32, np.float16, np.int64, np.int32,
+                                                       np.uint64, np.int8))
+    model = {"w": f64, "n": f64, "u": f64, "i": i64}
+    as_sent = {"w": f32, "n": i64, "u": u64, "i": i64}
     assert round_dtypes([as_sent, as_sent], model) == (as_sent, False)
     assert round_dtypes([as_sent, as_sent], model)[0] is as_sent
     assert round_dtypes([model, model], model) == (model, False)
-    assert round_dtypes([as_sent, model], model) == ({"w": f64, "n": f64, "i": i64}, True)
-    for narrow in ({"w": f16, "n": i64, "i": i32}, {"w": f32, "n": i64, "i": f64}):
-        chosen, mixed = round_dtypes([narrow, narrow], model)
-        assert mixed and all(chosen[n] == (model[n] if narrow[n] not in (f32, i64, i32) else narrow[n])
-                             for n in model)
+    assert round_dtypes([as_sent, model], model) == ({"w": f64, "n": f64, "u": f64, "i": i64}, True)
+    for narrow, chosen in (({"w": f16, "n": i64, "u": u64, "i": i32}, {"w": f64, "n": i64, "u": u64, "i": i64}),
+                           ({"w": f32, "n": i32, "u": i8, "i": f64}, {"w": f32, "n": f64, "u": f64, "i": i64})):
+        assert round_dtypes([narrow, narrow], model) == (chosen, True)
     assert round_dtypes([{"w": f64}], {"w": f32}) == ({"w": f32}, True)  # wider than the model: cast
+    assert round_dtypes([{"i": i32}] * 2, {"i": i64}) == ({"i": i64}, True)  # narrower integers: cast
+
+
+@pytest.mark.parametrize(("model_dtype", "sent", "inplace"), [
+    ("float64", "int8", False), ("int64", "int16", False), ("float64", "int32", False), ("float64", "int8", True),
+])
+def test_narrow_integer_replies_are_cast_before_flowers_legacy_aggregate(model_dtype, sent, inplace):
+    """Before: every reply's narrow integers were kept as sent (they cast safely to the model's
+    dtype), and Flower's legacy ``aggregate`` multiplies ``layer * num_examples`` in the reply's
+    dtype: int8 or int16 by 10**8 raised OverflowError out of aggregate_fit (the run ended), int32
+    wrapped silently; ``inplace`` FedAvg cast the weight 1/3 to int8, 0. Now they are cast to the
+    model's dtype first."""
+    model = tiny_model()
+    model["bn1.num_batches_tracked"] = np.array(7, dtype=model_dtype)  # float64: what FedAvgM made of it
+    names = list(model)
+    strategy = LegacyLIPS(LegacyFedAvg(inplace=inplace), param_names=names, num_rounds=NUM_ROUNDS, tau0=0.0)
+    strategy.configure_fit(1, ndarrays_to_parameters(list(model.values())), client_manager(3))
+    trained = client_models(model, 3, seed=1)
+    for i, sent_model in enumerate(trained):
+        sent_model["bn1.num_batches_tracked"] = np.array(100 + i, dtype=sent)
+    new, _ = strategy.aggregate_fit(1, [fit_result(m, 10**8, str(i + 1)) for i, m in enumerate(trained)], [])
+    assert params_to_model(new, names)["bn1.num_batches_tracked"] == pytest.approx(101)
 
 
 # --------------------------------------------------------------------------- empty / failed rounds

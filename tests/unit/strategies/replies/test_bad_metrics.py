@@ -129,3 +129,88 @@ def test_the_bound_keeps_a_legacy_weighted_sum_finite():
     assert metric_ok(MAX_METRIC) and metric_ok(-MAX_METRIC) and metric_ok(10**20) and metric_ok("text")
     assert not metric_ok(1e308) and not metric_ok(10**400) and not metric_ok([0.1, float("nan")])
     assert not metric_ok(np.float32("inf")) and metric_ok(np.float32(0.5))  # legacy metrics may be numpy
+
+
+def legacy_evaluate(losses, metrics, aggregate=weighted_average):
+    """One legacy evaluate round of 3 results: ``(aggregated loss, aggregated metrics)``."""
+    strategy = LegacyLIPS(LegacyFedAvg(evaluate_metrics_aggregation_fn=aggregate), param_names=NAMES,
+                          num_rounds=10)
+    results = []
+    for i, (n, loss, extra) in enumerate(zip(WEIGHTS, losses, metrics)):
+        proxy = Mock(spec=ClientProxy)
+        proxy.cid = str(i + 1)
+        results.append((proxy, EvaluateRes(Status(Code.OK, ""), loss=loss, num_examples=n, metrics=dict(extra))))
+    return strategy.aggregate_evaluate(1, results, [])
+
+
+def legacy_train_metrics(metrics, aggregate):
+    """One legacy train round of 3 results with these metrics (``aggregate``: the metric aggregation)."""
+    model = tiny_model()
+    strategy = LegacyLIPS(LegacyFedAvg(fit_metrics_aggregation_fn=aggregate), param_names=NAMES,
+                          num_rounds=10, tau0=0.0)
+    strategy.configure_fit(1, ndarrays_to_parameters(list(model.values())), client_manager(3))
+    results = [legacy_result(m, str(i + 1), n) for i, (m, n) in enumerate(zip(client_models(model, 3, 1), WEIGHTS))]
+    for (_, res), extra in zip(results, metrics):
+        res.metrics.update(extra)  # (a key "num_examples" too)
+    return strategy.aggregate_fit(1, results, [])
+
+
+@pytest.mark.parametrize("kind", ["train", "evaluate"])
+def test_a_bad_legacy_metric_beside_text_or_bools_is_stood_in_for_by_the_numbers_only(kind, caplog):
+    """Legacy metrics may hold text: before, a NaN beside "ok" got ``float("ok")`` as its stand-in,
+    a ValueError out of aggregate_fit/aggregate_evaluate that ended the run (and a bool counted as 1).
+    Now the stand-in is the mean of the real numbers; a key with none goes from the bad replies only."""
+    seen: list = []
+
+    def record(pairs):
+        seen.extend(pairs)
+        return {}
+
+    metrics = [{"k": math.nan, "t": math.nan, "b": math.inf, "l": [math.nan, 1.0]},
+               {"k": "ok", "t": "fine", "b": True, "l": [0.2, "x"]},
+               {"k": 0.8, "t": "good", "b": 0.4, "l": [0.3, 0.6]}]
+    with caplog.at_level(logging.WARNING):
+        if kind == "train":
+            legacy_train_metrics(metrics, record)
+        else:
+            legacy_evaluate((1.0, 1.0, 1.0), metrics, record)
+    for key in "ktbl":
+        assert f"LIPS: leaving the metric {key!r} of client 1" in caplog.text
+    assert seen == [(10, {"k": 0.8, "b": 0.4, "l": [0.3, 0.6]}),  # "t": no number to stand in: left out
+                    (30, {"k": "ok", "t": "fine", "b": True, "l": [0.2, "x"]}),  # text and bools untouched
+                    (60, {"k": 0.8, "t": "good", "b": 0.4, "l": [0.3, 0.6]})]
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_legacy_loss_is_left_out_of_the_aggregated_loss(bad, caplog):
+    """Before: ``EvaluateRes.loss`` was not checked; NaN, Inf or 1e308 went into Flower's
+    ``weighted_loss_avg`` (a NaN or Inf round loss). Now it is treated as a bad metric is."""
+    with caplog.at_level(logging.WARNING):
+        loss, metrics = legacy_evaluate((0.5, BAD[bad], 0.8), [{"acc": 0.1}, {"acc": 0.2}, {"acc": 0.3}])
+    assert f"LIPS: leaving the metric 'EvaluateRes.loss' of client 2 ({BAD[bad]!r}) out" in caplog.text
+    assert loss == pytest.approx((10 * 0.5 + 60 * 0.8) / 70)  # clients 1 and 3
+    assert metrics["acc"] == pytest.approx((10 * 0.1 + 30 * 0.2 + 60 * 0.3) / 100)  # its metrics count
+
+
+def test_a_legacy_round_without_a_good_loss_has_no_loss(caplog):
+    """No result has a good loss: the round's loss is None (Flower's server records none), its
+    metrics still aggregated."""
+    with caplog.at_level(logging.WARNING):
+        loss, metrics = legacy_evaluate((math.nan, math.inf, 1e308), [{"acc": 0.1}, {"acc": 0.2}, {"acc": 0.3}])
+    assert loss is None
+    assert caplog.text.count("LIPS: leaving the metric 'EvaluateRes.loss'") == 3
+    assert metrics["acc"] == pytest.approx((10 * 0.1 + 30 * 0.2 + 60 * 0.3) / 100)
+
+
+@pytest.mark.parametrize("kind", ["train", "evaluate"])
+def test_a_legacy_metric_named_num_examples_is_checked_as_any_other(kind, caplog):
+    """Before: a metric named like the weight (legacy ``num_examples``, a field of its own) skipped the
+    check, and its NaN reached the aggregated metrics."""
+    metrics = [{"num_examples": 5}, {"num_examples": math.nan}, {"num_examples": 7}]
+    with caplog.at_level(logging.WARNING):
+        if kind == "train":
+            aggregated = legacy_train_metrics(metrics, weighted_average)[1]
+        else:
+            aggregated = legacy_evaluate((1.0, 1.0, 1.0), metrics)[1]
+    assert "LIPS: leaving the metric 'num_examples' of client 2 (nan) out" in caplog.text
+    assert aggregated["num_examples"] == pytest.approx((10 * 5 + 60 * 7) / 70)

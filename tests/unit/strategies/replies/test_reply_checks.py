@@ -122,7 +122,7 @@ def test_nonfinite_detection_matches_isfinite(array):
     model = {"w": array, "i": np.arange(4)}
     expected = [] if np.isfinite(array).all() else ["w"]
     assert nonfinite_arrays(model) == expected
-    reason = reply_problem({"w": array.shape, "i": (4,)}, {"w": npy(array), "i": npy(np.arange(4))}, 5)
+    reason = reply_problem({"w": array.shape, "i": (4,)}, {"w": npy(array), "i": npy(np.arange(4))})
     assert (reason is None) == (not expected)
 
 
@@ -149,21 +149,21 @@ def test_num_examples_problem(value, problem):
 def test_reply_problem_order_and_texts():
     expected = {"w": (2, 2), "b": (2,)}
     good = {"w": npy(np.ones((2, 2), np.float32)), "b": npy(np.zeros(2, np.float32))}
-    assert reply_problem(expected, good, 10) is None
-    assert reply_problem(expected, good, None) is None  # weight not checked
-    assert reply_problem(expected, {**good, "b": b"junk"}, 10).startswith("array 'b' is unreadable")
-    assert reply_problem(expected, {"w": good["w"]}, 10) == "missing arrays ['b']"
-    assert reply_problem(expected, {**good, "w": npy(np.ones(4, np.float32))}, 10) == \
+    assert reply_problem(expected, good) is None  # the weight is the gate's (num_examples_problem)
+    assert reply_problem(expected, {**good, "b": b"junk"}).startswith("array 'b' is unreadable")
+    assert reply_problem(expected, {"w": good["w"]}) == "missing arrays ['b']"
+    assert reply_problem(expected, {**good, "w": npy(np.ones(4, np.float32))}) == \
         "array 'w' has shape (4,), expected (2, 2)"
-    assert reply_problem(expected, {**good, "b": npy(np.array(["a", "b"]))}, 10) == \
+    assert reply_problem(expected, {**good, "b": npy(np.array(["a", "b"]))}) == \
         "array 'b' has dtype <U1, not a real number type"
-    assert reply_problem(expected, good, -3, "num_examples") == \
+    assert num_examples_problem(-3, "num_examples") == \
         "'num_examples' is -3: it must be > 0 and <= 2**53"
     nan = npy(np.array([[1, np.nan], [np.inf, 0]], np.float32))
-    assert reply_problem(expected, {**good, "w": nan}, 10) == "NaN or Inf in arrays ['w']"
+    assert reply_problem(expected, {**good, "w": nan}) == "NaN or Inf in arrays ['w']"
+    assert reply_problem(expected, {**good, "w": nan}, finite=False) is None  # the NaN/Inf pass skipped
     # other real dtypes are accepted: Flower's own aggregation changes them
     drift = {"w": npy(np.ones((2, 2), np.float64)), "b": npy(np.zeros(2, np.int64))}
-    assert reply_problem(expected, drift, 10) is None
+    assert reply_problem(expected, drift) is None
 
 
 def test_model_shapes_serialization_and_names():

@@ -35,6 +35,7 @@ from flower_fakes import (
 from lips_flwr.persistence.checkpoint import load_checkpoint
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.chain import declared_state
+from lips_flwr.strategies.resume.chain_state import restore_state
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 CLIENTS, ROUNDS = 7, 3
@@ -230,3 +231,46 @@ def test_undeclared_bookkeeping_is_named_and_not_restored(tmp_path, caplog):
     resumed._lips_keeper.restore(resumed, checkpoint, None, resumed._to_state, resumed._from_state)
     assert resumed.first_round is None  # a resumed run's bookkeeping is its own
     np.testing.assert_array_equal(list(checkpoint.model), NAMES)
+
+
+class Ledger:
+    """An object whose state goes through a JSON state_dict() (as the DP privacy accountant's)."""
+
+    def __init__(self) -> None:
+        self.events: list[int] = []
+
+    def state_dict(self) -> dict:
+        return {"events": list(self.events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"events"}:
+            raise ValueError("not a ledger state")
+        self.events = list(state["events"])
+
+
+class LedgerFedAvg(message.FedAvg):
+    """Declared state: an object, a number and arrays."""
+
+    lips_state = ("ledger", "seen", "kept")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger, self.seen, self.kept = Ledger(), 0, None
+
+
+def test_a_state_its_object_refuses_sets_nothing():
+    """Before: the numbers and arrays were set, then the object's load_state_dict refused its state:
+    a strategy half restored (against "everything is checked before anything is set")."""
+    owner = LIPS(LedgerFedAvg(), **LIPS_KW)
+    good = {"1.LedgerFedAvg.ledger": {"events": [1, 2]}}
+    arrays = {"1.LedgerFedAvg.kept": ("dict", {n: np.zeros_like(a) for n, a in tiny_model().items()})}
+    meta = {"scalars": {"1.LedgerFedAvg.seen": 5}}
+    owner.strategy.other = Ledger()
+    for objects in ({"1.LedgerFedAvg.ledger": {"x": 1}}, {**good, "1.LedgerFedAvg.other": {"x": 1}}):
+        with pytest.raises(ValueError, match=r"cannot restore '1.LedgerFedAvg.(ledger|other)'.*not a ledger"):
+            restore_state(owner, arrays, {**meta, "objects": objects}, owner._to_state, owner._from_state,
+                          model=tiny_model())
+        assert (owner.strategy.seen, owner.strategy.kept, owner.strategy.ledger.events) == (0, None, [])
+    restore_state(owner, arrays, {**meta, "objects": good}, owner._to_state, owner._from_state, model=tiny_model())
+    assert (owner.strategy.seen, owner.strategy.ledger.events) == (5, [1, 2])
+    assert list(owner.strategy.kept) == NAMES

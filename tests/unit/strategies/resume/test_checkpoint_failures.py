@@ -33,6 +33,7 @@ from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp.strategy import FedAvg
 
 import lips_flwr.persistence.lock as lock_module
+import lips_flwr.strategies.resume.keeper as keeper_module
 from flower_fakes import (
     client_manager,
     client_models,
@@ -172,6 +173,34 @@ def test_a_run_that_failed_in_a_thread_pool_worker_frees_its_checkpoint(tmp_path
         assert first.submit(threading.current_thread).result().is_alive()  # its worker lives on
         assert second.submit(resumed, path).result() == expected
         del failed
+
+
+def test_a_legacy_run_whose_last_save_fails_frees_its_checkpoint(tmp_path, monkeypatch, caplog):
+    """Before: an OSError in the last round's save returned before the lock went, and the legacy API
+    has no end-of-run hook: a resume in another thread was refused, 'another run is writing it'."""
+    path, names, current = tmp_path / "lips.npz", list(tiny_model()), tiny_model()
+    real_save = keeper_module.save_checkpoint
+
+    def full_disk_at_round_2(target, checkpoint):
+        if checkpoint.round == 2:
+            raise OSError(28, "No space left on device")
+        return real_save(target, checkpoint)
+
+    monkeypatch.setattr(keeper_module, "save_checkpoint", full_disk_at_round_2)
+    strategy = LegacyLIPS(LegacyFedAvg(), param_names=names, num_rounds=2, checkpoint_path=str(path))
+    for rnd in (1, 2):
+        strategy.configure_fit(rnd, ndarrays_to_parameters(list(current.values())), client_manager(3))
+        trained = client_models(current, 3, seed=rnd)
+        new, _ = strategy.aggregate_fit(rnd, [fit_result(m, 10, str(i + 1)) for i, m in enumerate(trained)], [])
+        current = params_to_model(new, names)
+    assert "LIPS: cannot write the checkpoint" in caplog.text and "after round 2 (OSError" in caplog.text
+
+    def resume() -> int:
+        return LegacyLIPS(LegacyFedAvg(), param_names=names, num_rounds=2, checkpoint_path=str(path),
+                          resume=True).rounds_left
+
+    with ThreadPoolExecutor(1) as other:  # `strategy`, whose save failed, is still alive here
+        assert other.submit(resume).result() == 1  # from round 1's checkpoint
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
