@@ -9,8 +9,9 @@ run (an app's caches, ``torch.set_num_threads``, a module-level strategy)
 reaches another. The process dies with the sweep (Linux: ``PR_SET_PDEATHSIG``).
 
 A run that fails (an exception, ``SystemExit`` included) sends its error and
-the first client error, and removes its staging folder; a signal leaves the
-folder for a later sweep to resume.
+the first client error, and removes its staging folder; a signal or a
+Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
+later sweep to resume.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .observe import RunObserver
 from .provenance import now_utc, provenance
 from .runs import LIPS_OFF, PreparedRun
 from .store import write_result
+from .sweep import STOPPED_EXIT
 
 SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
 
@@ -129,7 +131,7 @@ def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int)
     try:
         execute(job, resuming, observer)
     except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
-        _exit(130)
+        _exit(STOPPED_EXIT)
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
         detail = "".join(traceback.format_exception(err))[-4000:]
         send(("failed", f"{type(err).__name__}: {err}", detail, observer.first_error))

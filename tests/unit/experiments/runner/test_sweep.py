@@ -257,3 +257,29 @@ def test_a_run_process_that_ends_without_a_word_fails_the_sweep_with_its_log(tmp
     assert "[gone] its process ended (exit code 3) before reporting" in str(err.value)
     assert "tiny app: leaving at import" in str(err.value)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_names_of_which_one_is_a_folder_of_the_other_are_an_error_before_anything_runs(tmp_path):
+    """``x`` and ``x/y`` nest their staging folders: a claim of ``x`` would remove ``x/y``'s progress."""
+    app = make_app(tmp_path / "app")
+    nested = [spec(app, "x"), spec(app, "x/y", seed=1), spec(app, "z/w", seed=2)]
+    with pytest.raises(ValueError, match=r"would share a staging folder.*: 'x' and 'x/y' \(rename one"):
+        run_sweep(nested, tmp_path / "out", progress=lambda line: None)
+    assert not (tmp_path / "out").exists()  # refused before the lock or any staging folder
+
+
+def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tmp_path):
+    """The worker ends a Ctrl-C'd run with exit status 130: a stop, not a failure, so its progress stays."""
+    app = make_app(tmp_path / "app", resumable=True)
+    client = app / "tinyapp" / "client_app.py"
+    sleep = '    time.sleep(float(context.run_config["sleep"]))\n'
+    client.write_text(client.read_text().replace(sleep, "    raise KeyboardInterrupt  # as a Ctrl-C here\n"))
+    out = tmp_path / "out"
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "stopped")], out, progress=lambda line: None)
+    assert "[stopped] its process was stopped (exit code 130, Ctrl-C)" in str(err.value)
+    assert "staging folder is kept" in str(err.value)
+    staging = out / ".staging" / "stopped"
+    assert json.loads((staging / "identity.json").read_text()) == json.loads(json.dumps(
+        prepare(spec(app, "stopped"), out).identity))
+    assert not (out / "stopped.json").exists()
