@@ -8,6 +8,11 @@ LIPS strategy built at import time is forced too), so no module state of one
 run (an app's caches, ``torch.set_num_threads``, a module-level strategy)
 reaches another. The process dies with the sweep (Linux: ``PR_SET_PDEATHSIG``).
 
+The sweep computed the run's identity before its runs; this process, started
+later, imports whatever code is on disk then. Once the app's components are
+imported, the app's digest and ``lips_flwr``'s code identity are read again:
+a run whose code changed fails, naming what changed.
+
 A run that fails (an exception, ``SystemExit`` included) sends its error and
 the first client error, and removes its staging folder; a signal or a
 Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
@@ -30,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from ..results import write_json_atomic
-from .observe import RunObserver
-from .provenance import now_utc, provenance
+from .apps import app_digest
+from .observe import RunFailed, RunObserver
+from .provenance import code_identity_now, now_utc, provenance
 from .runs import LIPS_OFF, PreparedRun
 from .store import write_result
 from .sweep import STOPPED_EXIT
@@ -94,6 +100,18 @@ def _extra(job: PreparedRun) -> dict[str, Any]:
     return extra
 
 
+def check_code(job: PreparedRun) -> None:
+    """``RunFailed`` naming each part of the run's code that differs on disk from its identity's."""
+    now = {"app.digest": app_digest(job.app), **{f"code.{k}": v for k, v in code_identity_now().items()}}
+    then = {"app.digest": job.identity["app"]["digest"],
+            **{f"code.{k}": v for k, v in job.identity["code"].items()}}
+    changed = [f"{key}: {then.get(key)} when the sweep started, {value} now" for key, value in now.items()
+               if then.get(key) != value]
+    if changed:
+        raise RunFailed("the code changed on disk since the sweep started (" + "; ".join(changed) + "): this "
+                        "run would not be what its identity says; run the sweep again")
+
+
 def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
     from ...strategies import forced_options
@@ -107,6 +125,7 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     forcing = forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext()
     with forcing:
         server_app, client_app = import_components(job.app)
+        check_code(job)
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
                     engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=observer,
                     seed=job.spec.seed)
@@ -151,4 +170,4 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["execute", "run_process"]
+__all__ = ["check_code", "execute", "run_process"]

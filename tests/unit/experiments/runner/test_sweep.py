@@ -6,6 +6,7 @@ The sweeps run real processes (``spawn``) of a numpy-only Flower App
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -283,3 +284,27 @@ def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tm
     assert json.loads((staging / "identity.json").read_text()) == json.loads(json.dumps(
         prepare(spec(app, "stopped"), out).identity))
     assert not (out / "stopped.json").exists()
+
+
+def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_changed(tmp_path):
+    """The sweep computes the identity once; a run process started later imports what is on disk then."""
+    app = make_app(tmp_path / "app")
+    server = app / "tinyapp" / "server_app.py"
+    edit = ("import pathlib\n"  # an edit of the app between the sweep's start and this run's import
+            "with open(pathlib.Path(__file__).with_name('client_app.py'), 'a') as f:\n"
+            "    f.write('\\n# edited while the sweep ran\\n')\n")
+    server.write_text(edit + server.read_text())
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "edited")], tmp_path / "out", progress=lambda line: None)
+    assert "RunFailed: the code changed on disk since the sweep started (app.digest: " in str(err.value)
+    assert "code.source" not in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result file, no staging
+
+    from lips_flwr.experiments.runner.worker import check_code
+
+    job = prepare(spec(make_app(tmp_path / "same")), tmp_path / "out")
+    check_code(job)  # nothing changed: nothing raised
+    then = {**job.identity, "code": {**job.identity["code"], "source": "0" * 64}}
+    changed = f"code.source: {'0' * 64} when the sweep started, [0-9a-f]{{64}} now"
+    with pytest.raises(RunFailed, match=changed):
+        check_code(dataclasses.replace(job, identity=then))
