@@ -149,7 +149,7 @@ def test_the_command_asks_for_the_extras_it_lacks(monkeypatch, capsys, tmp_path)
 
 def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # (the command asks for its extras first)
-    app = make_app(tmp_path / "app", fail=True)
+    app = make_app(tmp_path / "app", fail=True, lips=True)  # (arm A forces LIPS off: the app builds one)
     code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
                      "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

@@ -308,3 +308,15 @@ def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_chan
     changed = f"code.source: {'0' * 64} when the sweep started, [0-9a-f]{{64}} now"
     with pytest.raises(RunFailed, match=changed):
         check_code(dataclasses.replace(job, identity=then))
+
+
+def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tmp_path):
+    """compare's default arm A forces LIPS off: an app with no LIPS strategy would be the app as written."""
+    app = make_app(tmp_path / "app")  # FedAvg, no LIPS
+    lines: list[str] = []
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "a-seed0", lips_off=True)], tmp_path / "out", progress=lines.append)
+    assert ("RunFailed: no LIPS strategy was built by the app: the LIPS-off arm would be the app as written; "
+            "give each arm its settings with --a/--b") in str(err.value)
+    assert not any("round 1" in line for line in lines)  # stopped before its first round's training
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
