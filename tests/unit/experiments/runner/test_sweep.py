@@ -269,6 +269,20 @@ def test_names_of_which_one_is_a_folder_of_the_other_are_an_error_before_anythin
     assert not (tmp_path / "out").exists()  # refused before the lock or any staging folder
 
 
+def test_the_stacked_engines_chunk_size_is_in_a_stacked_runs_identity_only(tmp_path):
+    app, out = make_app(tmp_path / "app"), tmp_path / "out"
+    four = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked", chunk_size=4), out)
+    assert four.identity["chunk_size"] == 4
+    finished(out, four)
+    eight = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked", chunk_size=8), out)
+    with pytest.raises(ValueError, match="chunk_size: file 4, now 8"):
+        plan([eight], recompute=False, progress=lambda line: None)
+    whole = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked"), out)
+    assert whole.identity["chunk_size"] is None
+    sequential = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="sequential", chunk_size=4), out)
+    assert "chunk_size" not in sequential.identity  # its results of earlier versions keep matching
+
+
 def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tmp_path):
     """The worker ends a Ctrl-C'd run with exit status 130: a stop, not a failure, so its progress stays."""
     app = make_app(tmp_path / "app", resumable=True)
