@@ -84,6 +84,26 @@ def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
         default_metric(read_result(path))
 
 
+def test_identical_differences_get_no_t_test_and_the_report_says_so(tmp_path):
+    """Zero variance gave p_t = 0 and a CI [m, m]: "supported" from two seeds."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    a = {1: [0.5, 0.5], 2: [0.25, 0.25]}
+    b = {1: [0.5, 0.625], 2: [0.25, 0.375]}  # B - A = +0.125 on both seeds (exact in binary)
+    results = write_runs(tmp_path, a, b)
+    comparison = Comparison(tmp_path, (1, 2), last=1)
+    summary = summarize(comparison, results)
+    assert summary["differences"] == [0.125, 0.125] and summary["sd"] == 0.0
+    assert summary["ci95"] is None and summary["p_t"] is None and summary["p_sign"] == 0.5
+    assert summary["verdict"] == "no test (zero variance)"
+    assert json.loads(json.dumps(summary, allow_nan=False)) == summary  # plain JSON: no NaN
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "B - A: +0.1250 on every one of the 2 seeds: zero variance, so no t-test and no CI" in text
+    assert "**Verdict: no test (zero variance)**" in text and "supported" not in text
+
+
 def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path):
     pytest.importorskip("matplotlib")
     from lips_flwr.experiments.compare_report import write_report
