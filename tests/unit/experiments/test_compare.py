@@ -167,6 +167,19 @@ def test_the_command_asks_for_the_extras_it_lacks(monkeypatch, capsys, tmp_path)
     assert 'pip install "lips-flwr[examples]"' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argument", [["--seeds", "1,2,1"], ["--seeds", "1,2", "--last", "0"],
+                                      ["--seeds", "1,2", "--num-supernodes", "0"],
+                                      ["--seeds", "1", "--jobs", "0"]])
+def test_usage_errors_exit_2_before_anything_runs(tmp_path, capsys, argument):
+    """As the docstring promises: a seed twice exited 1, ``--last 0`` was found only after every run."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["compare", str(tmp_path / "app"), *argument, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: argument" in err and ("each seed once" in err or "an integer >= 1, got '0'" in err)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # (the command asks for its extras first)
     app = make_app(tmp_path / "app", fail=True, lips=True)  # (arm A forces LIPS off: the app builds one)
