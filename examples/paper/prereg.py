@@ -37,7 +37,7 @@ from plot import mask_rounds  # noqa: E402
 from lips_flwr.experiments import stats  # noqa: E402
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
 from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
-from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402, F401 - verdict: the report's words
+from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result  # noqa: E402
 from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 

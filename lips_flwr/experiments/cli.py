@@ -1,9 +1,12 @@
 """The ``lips-flwr`` command (``[project.scripts]``): ``lips-flwr compare APP_DIR --seeds ... --out DIR``.
 
 Exit status: 0 when every run finished and the report is written; 1 when a
-run failed (its error and first client error on stderr) or the sweep was
-refused before running (e.g. a result file of other settings: ``--recompute``);
-2 for a usage error or missing extras.
+run failed (its error and first client error on stderr), the sweep was
+refused before running (e.g. a result file of other settings: ``--recompute``;
+an unknown run-config key) or the report cannot be made from the runs (e.g.
+``--last`` more than the runs' evaluated rounds); 2 for a usage error found
+in the arguments alone (argparse's: a missing option, a seed twice in ``--seeds``,
+``--last``, ``--num-supernodes`` or ``--jobs`` below 1) or missing extras.
 """
 
 from __future__ import annotations
@@ -23,7 +26,21 @@ def _seeds(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"seeds must be integers and commas, got {text!r}") from None
     if not seeds or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"seeds must be integers >= 0, got {text!r}")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"each seed once (a seed pairs one run of each arm), got {repeated} "
+                                         f"more than once in {text!r}")
     return seeds
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,13 +59,13 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--run-config", nargs="+", action="extend", default=[], metavar="KEY=VALUE|FILE",
                          help="overrides for both arms; a .toml file's [federation] num-supernodes is the "
                               "default node count")
-    compare.add_argument("--num-supernodes", type=int, default=None,
+    compare.add_argument("--num-supernodes", type=_positive, default=None,
                          help="nodes (default: the --run-config file's [federation] value, else 10)")
     compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
-    compare.add_argument("--last", type=int, default=None, help="evaluated rounds in the endpoint (default: "
-                                                                 "min(10, rounds))")
+    compare.add_argument("--last", type=_positive, default=None,
+                         help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
-    compare.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    compare.add_argument("--jobs", type=_positive, default=1, help="runs at once, each in its own process")
     compare.add_argument("--recompute", action="store_true",
                          help="run again (and replace) result files computed with other settings")
     compare.add_argument("--out", type=Path, required=True, help="results: DIR/runs, summary.json, report.md")

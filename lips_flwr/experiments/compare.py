@@ -15,7 +15,8 @@ rounds)``) of the clients' evaluate metric ``NAME`` averaged with
 ``num-examples`` weights (default: the first evaluate metric whose name
 contains ``acc``, in the lowest node's reply order). Per seed, ``B - A``;
 over seeds, the paired t-test with its 95% CI (ddof = 1) and the exact sign
-test (:mod:`.stats`), and a verdict in the study protocol's words. The
+test (:mod:`.stats`), and a verdict in the study protocol's words (no t-test,
+CI or verdict from one seed, nor when every seed gave the same difference). The
 **inertia verdict** of arm A applies the protocol's rule to the relative
 steps of the global models the runner saw. ``<out>/summary.json``,
 ``<out>/report.md``, ``<out>/curves.png`` and ``<out>/inertia.png`` hold it
@@ -165,9 +166,10 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     }
     if len(diffs) >= 2:
         test = paired(diffs)
-        summary.update(ci95=[test["ci_low"], test["ci_high"]], p_t=test["p_t"], p_sign=test["p_sign"],
-                       sd=test["sd"], wins=test["wins"], losses=test["losses"],
-                       verdict=verdict(test, test["p_t"]))
+        tested = test["sd"] > 0  # (zero variance: no t-test, no CI; None in the JSON, not NaN)
+        summary.update(ci95=[test["ci_low"], test["ci_high"]] if tested else None,
+                       p_t=test["p_t"] if tested else None, p_sign=test["p_sign"], sd=test["sd"],
+                       wins=test["wins"], losses=test["losses"], verdict=verdict(test, test["p_t"]))
     else:
         summary.update(ci95=None, p_t=None, p_sign=None, sd=None, wins=int(diffs[0] > 0),
                        losses=int(diffs[0] < 0), verdict="no test (one seed)")

@@ -32,9 +32,13 @@ def _arms(comparison: Comparison) -> tuple[str, str]:
 
 
 def _test_lines(summary: dict) -> list[str]:
-    if summary["ci95"] is None:
+    if summary["n"] == 1:
         return [f"B - A: {summary['diff_mean']:+.4f} on one seed: no test (a paired test needs two seeds or "
                 "more)."]
+    if summary["ci95"] is None:
+        return [f"B - A: {summary['diff_mean']:+.4f} on every one of the {summary['n']} seeds: zero "
+                f"variance, so no t-test and no CI; p = {summary['p_sign']:.3g} (exact sign test).", "",
+                f"**Verdict: {summary['verdict']}** (the study protocol's verdict needs a t-test)."]
     low, high = summary["ci95"]
     return [f"B - A: mean {summary['diff_mean']:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] (paired t, "
             f"ddof = 1), p = {summary['p_t']:.3g} (t), p = {summary['p_sign']:.3g} (exact sign test); "

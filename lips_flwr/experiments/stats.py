@@ -5,7 +5,9 @@ split, initial model and batch order). For ``n`` differences:
 
 - mean and sample standard deviation (``ddof = 1``);
 - the 95% confidence interval of the mean, ``mean +- t(0.975, n-1) * sd / sqrt(n)``;
-- the paired t-test, two-sided;
+- the paired t-test, two-sided; none when every difference is the same
+  (zero variance: ``t``, ``p_t`` and the CI are ``nan``, the verdict
+  :data:`NO_TEST_ZERO_VARIANCE`);
 - the exact sign test, two-sided (ties, exact zeros, dropped);
 - Holm's step-down correction over a family of p-values;
 - the verdict in the protocol's words (:func:`verdict`);
@@ -36,27 +38,36 @@ def sign_test(differences: Sequence[float]) -> float:
 
 
 def paired(differences: Sequence[float], confidence: float = 0.95) -> dict:
-    """Summary of paired ``differences``: n, mean, sd, CI, t, p (t-test), p (sign test), wins/losses."""
+    """Summary of paired ``differences``: n, mean, sd, CI, t, p (t-test), p (sign test), wins/losses.
+
+    ``ValueError`` for fewer than 2 differences or one that is not finite.
+    """
     d = np.asarray(differences, dtype=float)
     n = int(d.size)
     if n < 2:
         raise ValueError(f"a paired test needs at least 2 differences, got {n}")
+    if not np.isfinite(d).all():  # (a NaN would pass for zero variance below)
+        raise ValueError(f"paired differences must be finite numbers, got {d.tolist()}")
     mean, sd = float(d.mean()), float(d.std(ddof=1))
-    half = float(_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
     if sd > 0:
+        half = float(_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
         t = mean / (sd / math.sqrt(n))
         p = float(2 * _stats.t.sf(abs(t), n - 1))
-    else:  # every seed the same difference: zero is inside the CI only if that difference is 0
-        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    else:  # every seed the same difference: no spread to test against (a CI [m, m] would claim certainty)
+        half = t = p = math.nan
     return {"n": n, "mean": mean, "sd": sd, "ci_low": mean - half, "ci_high": mean + half,
             "t": t, "p_t": p, "p_sign": sign_test(d.tolist()), "wins": int((d > 0).sum()),
             "losses": int((d < 0).sum())}
 
 
 def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
-    """Holm-adjusted p-values (monotone, capped at 1), by name."""
-    order = sorted(pvalues, key=lambda k: pvalues[k])
-    m, running, out = len(order), 0.0, {}
+    """Holm-adjusted p-values (monotone, capped at 1), by name; a ``nan`` (no test) stays ``nan``.
+
+    A test that could not be made still counts in the family's size.
+    """
+    order = sorted((k for k in pvalues if not math.isnan(pvalues[k])), key=lambda k: pvalues[k])
+    m, running = len(pvalues), 0.0
+    out = {name: math.nan for name in pvalues if math.isnan(pvalues[name])}
     for i, name in enumerate(order):
         running = max(running, min(1.0, (m - i) * pvalues[name]))
         out[name] = running
@@ -64,14 +75,19 @@ def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
 
 
 VERDICTS = ("supported", "contradicted", "no effect detected")
+NO_TEST_ZERO_VARIANCE = "no test (zero variance)"  # every seed gave the same difference: no t-test
 
 
 def verdict(result: Mapping[str, float], p: float, alpha: float = 0.05) -> str:
     """The protocol's verdict for a paired ``result`` (:func:`paired`) whose (adjusted) p-value is ``p``.
 
     ``"supported"``: ``p < alpha`` and the CI above 0; ``"contradicted"``:
-    ``p < alpha`` and the CI below 0; else ``"no effect detected"``.
+    ``p < alpha`` and the CI below 0; else ``"no effect detected"``; when
+    there was no t-test (zero variance: ``p`` is ``nan``),
+    :data:`NO_TEST_ZERO_VARIANCE`.
     """
+    if math.isnan(p) or math.isnan(result["ci_low"]):
+        return NO_TEST_ZERO_VARIANCE
     if p < alpha and result["ci_low"] > 0:
         return "supported"
     if p < alpha and result["ci_high"] < 0:
@@ -126,4 +142,5 @@ def inertia_verdict(rhos: Sequence[Mapping]) -> dict:
             "verdict": "arises" if arises >= 5 * len(rhos) / 6 else "does not arise"}
 
 
-__all__ = ["holm", "inertia_rho", "inertia_verdict", "paired", "sign_test", "verdict"]
+__all__ = ["NO_TEST_ZERO_VARIANCE", "holm", "inertia_rho", "inertia_verdict", "paired", "sign_test",
+           "verdict"]

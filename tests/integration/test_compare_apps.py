@@ -87,7 +87,7 @@ def test_a_refused_sweep_exits_non_zero_naming_the_key_and_recompute_replaces(tm
     sys.path.insert(0, str(UNIT))
     from runner_apps import make_app
 
-    app = make_app(tmp_path / "app", rounds=2)
+    app = make_app(tmp_path / "app", rounds=2, lips=True)  # (arm A forces LIPS off: the app builds one)
     assert compare(app, tmp_path / "out", seeds="1000").returncode == 0
     refused = compare(app, tmp_path / "out", "--run-config", "lr=0.2", seeds="1000")
     assert refused.returncode == 1 and "run_config.lr: file 0.3, now 0.2" in refused.stderr
@@ -101,6 +101,6 @@ def test_a_failing_app_exits_non_zero_with_the_clients_error_in_the_output(tmp_p
     sys.path.insert(0, str(UNIT))
     from runner_apps import make_app
 
-    proc = compare(make_app(tmp_path / "app", fail=True), tmp_path / "out", seeds="1000")
+    proc = compare(make_app(tmp_path / "app", fail=True, lips=True), tmp_path / "out", seeds="1000")
     assert proc.returncode == 1
     assert "RuntimeError: tiny app: this ClientApp fails on every call" in proc.stderr

@@ -251,16 +251,27 @@ def test_a_resumed_grid_keeps_only_its_own_runs_rounds(tmp_path):
 
 
 def test_a_killed_grid_resumes_and_leaves_no_clutter(tmp_path):
-    """Issue 26, defect 2: a killed resumable grid never finished, and killed grids left staging folders."""
+    """Issue 26, defect 2: a killed resumable grid never finished, and killed grids left staging folders.
+
+    A smaller grid into the folder continues its own stopped run and keeps the other's progress (it
+    deleted it before: `pilot.py run --cells ...` after a stopped run of another cell); once both ran,
+    nothing but results is left.
+    """
     out = tmp_path / "out"
     both = grid_process(out, "--algorithms", "lips,fedbn", "--jobs", "2")
     kill_after_round(both, out / ".staging" / "tiny" / "lips-seed0" / "app-results.json", 3)
-    assert (out / ".staging" / "tiny" / "fedbn-seed0").is_dir()  # the other run was going too
+    fedbn = out / ".staging" / "tiny" / "fedbn-seed0"
+    assert fedbn.is_dir()  # the other run was going too
     code, stdout, err = finish(grid_process(out, "--algorithms", "lips"))
     assert code == 0, err[-4000:]
-    assert "continuing its stopped run" in stdout and "fedbn-seed0" in stdout  # resumed; fedbn's removed
+    assert "[tiny/lips-seed0] continuing its stopped run" in stdout
+    assert any("fedbn-seed0" in line and "a stopped run's staging" in line for line in stdout.splitlines())
+    assert (fedbn / "identity.json").is_file()  # kept, for a grid that runs it
+    code, stdout, err = finish(grid_process(out, "--algorithms", "lips,fedbn"))
+    assert code == 0, err[-4000:]
+    assert "[tiny/fedbn-seed0] continuing its stopped run" in stdout
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
-        "tiny", "tiny/accuracy.png", "tiny/lips-seed0.json"]  # no staging, lock or temporary file
+        "tiny", "tiny/accuracy.png", "tiny/fedbn-seed0.json", "tiny/lips-seed0.json"]  # no staging, lock, tmp
     data = json.loads((out / "tiny" / "lips-seed0.json").read_text())
     assert sorted(data["app"]["rounds"], key=int) == sorted(data["observed"]["rounds"], key=int) == [
         str(r) for r in range(1, 11)]

@@ -13,6 +13,9 @@ Flower's ``Grid.send_and_receive(timeout=...)`` returns the replies that came
 in time and leaves the other nodes out. :class:`ThreadCall` runs one call in
 a thread of its own, so that the Grid can stop waiting for it; the call goes
 on, and its reply, when it comes, is discarded.
+
+:func:`round_of` says which server round a message belongs to, for the seed
+of the call that answers it and for the runner's observations alike.
 """
 
 from __future__ import annotations
@@ -90,6 +93,22 @@ def reply_or_error(client_app: ClientApp, msg: Message, context: Context) -> Mes
     return reply
 
 
+def round_of(msg: Message) -> int | None:
+    """The server round of ``msg``; ``None`` when it does not say.
+
+    A config record's ``server-round`` (Flower's Message-API strategies set
+    it) when it is an int >= 0, else the group id when it is a number (the
+    legacy API's strategies send ``str(server_round)``, and no round in their
+    config unless the app adds one).
+    """
+    for record in msg.content.config_records.values():
+        value = record.get("server-round")
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    group = msg.metadata.group_id
+    return int(group) if group.isascii() and group.isdigit() else None
+
+
 def error_reply(msg: Message, code: int, reason: str) -> Message:
     """The error reply to ``msg`` with Flower's error ``code`` and ``reason``."""
     return Message(Error(code=code, reason=reason), reply_to=msg)
@@ -129,4 +148,4 @@ class ThreadCall(Generic[T]):
 
 
 __all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "ThreadCall", "error_reply", "received_copy",
-           "reply_or_error"]
+           "reply_or_error", "round_of"]

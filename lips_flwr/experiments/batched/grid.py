@@ -71,12 +71,12 @@ from uuid import uuid4
 
 import flwr.serverapp.grid.grid as _grid_module
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error
+from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error, round_of
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
@@ -225,18 +225,17 @@ class BatchedGrid(Grid):
         """The seed of the client call that answers ``msg`` (``None`` without ``seed``); counts the call.
 
         ``derive_seed(seed, 1 + partition-id, round, kind)``: ``round`` is the
-        message's ``config["server-round"]`` when it is a non-negative int,
-        else the number of this node's calls of this kind so far, this one
-        included; ``kind`` is 1 for ``train``, 2 for ``evaluate``, 3 for
-        ``query``, 4 for any other message type (``"train.custom"``: train).
+        message's round (:func:`~.calls.round_of`: a resumed run's calls get
+        an uninterrupted one's seeds), else the number of this node's calls
+        of this kind so far, this one included; ``kind`` is 1 for ``train``, 2
+        for ``evaluate``, 3 for ``query``, 4 for any other (``"train.custom"``: train).
         """
         if self.seed is None:
             return None
         node, base = msg.metadata.dst_node_id, msg.metadata.message_type.split(".")[0]
         self._calls_made[(node, base)] += 1
-        config = msg.content.get("config")
-        rnd = config.get("server-round") if isinstance(config, ConfigRecord) else None
-        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+        rnd = round_of(msg)
+        if rnd is None:
             rnd = self._calls_made[(node, base)]
         pid = int(self.contexts[node].node_config["partition-id"])
         return derive_seed(self.seed, 1 + pid, rnd, CALL_KINDS.get(base, 4))

@@ -16,7 +16,9 @@
   sends nodes different models is measured on the lowest node's.
 
 A round is read from the instruction's ``server-round`` config entry
-(Flower's strategies set it), else from its group id (the legacy API's).
+(Flower's strategies set it), else from its group id (the legacy API's):
+:func:`~lips_flwr.experiments.batched.calls.round_of`, which also seeds the
+client calls.
 A round whose train (or evaluate) instructions were all answered with errors
 ends the run (:class:`RunFailed`): every later round would fail alike.
 
@@ -79,15 +81,6 @@ def weighted_means(replies: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def _round_of(msg: Message) -> int | None:
-    for record in msg.content.config_records.values():
-        value = record.get("server-round")
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    group = msg.metadata.group_id
-    return int(group) if group.isdigit() else None
-
-
 def _first_arrays(msg: Message) -> ArrayRecord | None:
     return next(iter(msg.content.array_records.values()), None)
 
@@ -119,11 +112,14 @@ class RunObserver:
     # -- the Grid's calls ----------------------------------------------------------------------
     def pushed(self, messages: Iterable[Message]) -> None:
         """Instructions just pushed: note their round and kind; read the global model they carry."""
+        from ..batched.calls import round_of  # (not at the top: the sweep's process imports this module,
+        # and the batched package loads torch, which only its runs' processes need)
+
         with self._lock:
             messages = list(messages)
             for msg in messages:
                 kind = msg.metadata.message_type.split(".")[0]
-                rnd = _round_of(msg)
+                rnd = round_of(msg)
                 if rnd is None:
                     continue
                 if kind == "train" and self.first_round is None:
@@ -133,7 +129,7 @@ class RunObserver:
                 counts["instructions"] += 1
             if messages:
                 first = min(messages, key=lambda m: m.metadata.dst_node_id)
-                rnd, kind = _round_of(first), first.metadata.message_type.split(".")[0]
+                rnd, kind = round_of(first), first.metadata.message_type.split(".")[0]
                 arrays = _first_arrays(first)
                 if rnd is not None and arrays is not None and kind in KINDS:
                     self._saw_model(rnd - 1 if kind == "train" else rnd, arrays)

@@ -33,7 +33,15 @@ ENVIRONMENT_KEYS = ("python", "numpy", "torch", "flwr", "cpu_flags", "gpu", "thr
 
 @functools.lru_cache(maxsize=1)
 def code_identity() -> dict[str, str]:
-    """``{"lips_flwr": version, "source": SHA-256 of the package's .py files (paths and contents)}``."""
+    """``{"lips_flwr": version, "source": SHA-256 of the package's .py files (paths and contents)}``.
+
+    Computed once per process; :func:`code_identity_now` reads the files again.
+    """
+    return code_identity_now()
+
+
+def code_identity_now() -> dict[str, str]:
+    """:func:`code_identity` from the files on disk now (a run's process checks it against its identity's)."""
     digest = hashlib.sha256()
     for path in sorted(PACKAGE.rglob("*.py")):
         if "__pycache__" in path.parts:
@@ -140,4 +148,5 @@ def same_environment(a: dict[str, Any] | None, b: dict[str, Any] | None) -> tupl
     return not differing, differing
 
 
-__all__ = ["code_identity", "environment", "git_state", "now_utc", "provenance", "same_environment"]
+__all__ = ["code_identity", "code_identity_now", "environment", "git_state", "now_utc", "provenance",
+           "same_environment"]

@@ -10,6 +10,11 @@ numbers::
     {"app": {"name", "digest"}, "run_config": {...}, "seed", "num_nodes", "engine",
      "lips_forced": {"tau0": 0.0} or {}, "code": {"lips_flwr", "source"}}
 
+and, on the stacked engine only, ``"chunk_size"`` (the most clients trained
+at once, ``None`` for a whole round: it changes the numbers, to rounding;
+a chunk halved on a CUDA out-of-memory error is not known beforehand and
+is not in it).
+
 Library versions and hardware are provenance (:mod:`.provenance`), not
 identity. **Runner-managed keys**: when the app's run config declares
 ``results-path``, ``checkpoint-path``, ``resume`` or ``lips-state-dir``, the
@@ -136,6 +141,8 @@ def prepare(spec: RunSpec, out: Path) -> PreparedRun:
         "lips_forced": dict(LIPS_OFF) if spec.lips_off else {},
         "code": code_identity(),
     }
+    if engine == "stacked":  # (the sequential engine has no chunks: its identities stay as they were)
+        identity["chunk_size"] = spec.chunk_size
     rounds = config.get("num-server-rounds")
     rounds = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
     return PreparedRun(spec=spec, app=app, run_config=config, identity=identity,

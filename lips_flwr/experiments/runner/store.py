@@ -16,8 +16,10 @@ at the top level) without identity or provenance.
 A run works in ``<out>/.staging/<name>/`` (``identity.json`` first; the
 app's results file, checkpoint and client state; the runner's partial
 observations; its log), removed once the result file is written or the run
-failed. ``<out>/.sweep.lock`` (an ``flock``, with the holder's pid) keeps a
-second sweep out of a folder that a live sweep writes.
+failed; a stopped run's folder stays, whatever a later sweep runs, until a
+sweep runs that name again (:func:`prune_staging`). ``<out>/.sweep.lock``
+(an ``flock``, with the holder's pid) keeps a second sweep out of a folder
+that a live sweep writes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..results import write_json_atomic
 
 FORMAT = "lips-flwr-result/1"
 STAGING = ".staging"
+IDENTITY = "identity.json"  # a staging folder's first file: the identity it was claimed with
 LOCK = ".sweep.lock"
 
 
@@ -126,22 +129,61 @@ def staging_path(out: Path, name: str) -> Path:
     return out / STAGING / name
 
 
-def prune_staging(out: Path, keep: set[str], log: Any = print) -> None:
-    """Remove the staging folders under ``<out>/.staging`` that no name of ``keep`` names (logged)."""
+def staged_identity(folder: Path) -> dict | None:
+    """The identity a staging folder was claimed with; ``None`` when its file is missing or unreadable."""
+    try:
+        saved = json.loads((folder / IDENTITY).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _finished(out: Path, name: str, identity: dict) -> bool:
+    """Whether ``<out>/<name>.json`` is a finished result of ``identity`` (its run ended after writing it)."""
+    try:
+        return read_result(result_path(out, name)).identity == identity
+    except ValueError:
+        return False
+
+
+def prune_staging(out: Path, running: set[str], log: Any = print) -> None:
+    """Tidy ``<out>/.staging`` at a sweep's start; each folder removed or kept is logged.
+
+    A folder with a readable ``identity.json`` is a run's staging folder:
+
+    - ``running`` names it (this sweep runs it): left to :func:`~.sweep.claim_staging`;
+    - ``<out>/<name>.json`` is a finished result of its identity (the run was
+      stopped after writing its result): removed;
+    - otherwise it is a stopped run's progress: kept, for a sweep that runs
+      ``name`` with its identity to continue (another identity replaces it then).
+
+    Anything else (a folder with no readable identity file below it, a loose
+    file) was left by a run stopped as its folder was being made: removed.
+    """
     root = out / STAGING
     if not root.is_dir():
         return
-    ancestors = {"/".join(name.split("/")[:i]) for name in keep for i in range(1, name.count("/") + 1)}
 
     def walk(folder: Path, rel: str) -> None:
         for entry in sorted(folder.iterdir()):
             name = f"{rel}/{entry.name}" if rel else entry.name
-            if name in keep:
+            identity = staged_identity(entry) if entry.is_dir() else None
+            if identity is not None:
+                if name in running:
+                    continue
+                if not _finished(out, name, identity):
+                    log(f"keeping {str(entry)!r}: a stopped run's staging, continued when a sweep runs "
+                        f"{name!r} with its settings again")
+                    continue
+                why = "its run finished (its result file is written)"
+            elif entry.is_dir() and (entry / IDENTITY).exists():
+                why = "its identity file is unreadable (a run stopped as its folder was made)"
+            elif entry.is_dir() and any(staged_identity(p.parent) is not None for p in entry.rglob(IDENTITY)):
+                walk(entry, name)  # a folder of runs' staging folders (``conf/`` of ``conf/a-seed0``)
                 continue
-            if name in ancestors and entry.is_dir():
-                walk(entry, name)
-                continue
-            log(f"removing {str(entry)!r}: the staging of a run this sweep does not run")
+            else:
+                why = "no identity file (a run stopped as its folder was made)"
+            log(f"removing {str(entry)!r}: {why}")
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -205,5 +247,5 @@ class SweepLock:
         self.release()
 
 
-__all__ = ["FORMAT", "Result", "SweepLock", "check_name", "differences", "prune_staging", "read_result",
-           "result_path", "staging_path", "write_result"]
+__all__ = ["FORMAT", "IDENTITY", "Result", "SweepLock", "check_name", "differences", "prune_staging",
+           "read_result", "result_path", "staged_identity", "staging_path", "write_result"]

@@ -11,16 +11,20 @@ each existing result file is checked:
 - a file of an earlier session (no identity) is compared by its embedded run
   config: equal, it is reused with a warning that its code, engine and
   environment cannot be checked; different, it is refused like any other;
-- two specs with one result name are an error.
+- two specs with one result name, or names of which one is a folder of the
+  other (``x`` and ``x/y``: their staging folders would nest), are an error.
 
-Then the staging folders that no run of the sweep names are removed, and
-each run, as it starts, claims its own ``<out>/.staging/<name>/``: a folder left by a
-stopped run of the same identity is continued when the app can resume (it
-has ``checkpoint-path`` and ``resume``), else removed (logged) and the run
-starts at round 1. Runs on the batched Grid each run in a fresh process
-(:mod:`.worker`), ``jobs`` at a time; ``flwr run`` runs (:mod:`.flwr_runs`)
-one after another. The first failing run stops the sweep once the running
-runs end (:class:`SweepFailed`, with that run's first client error).
+Then ``<out>/.staging`` is tidied (:func:`~.store.prune_staging`): folders
+left half-made are removed, those of other runs' stopped, resumable
+progress are kept (logged). Each run, as it starts, claims its own
+``<out>/.staging/<name>/``: a folder left by a stopped run of the same
+identity is continued when the app can resume (it has ``checkpoint-path``
+and ``resume``), else removed (logged) and the run starts at round 1. Runs
+on the batched Grid each run in a fresh process (:mod:`.worker`), ``jobs``
+at a time; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
+first failing run stops the sweep once the running runs end
+(:class:`SweepFailed`, with that run's first client error); a run process
+stopped (a signal, Ctrl-C) stops it too, its staging folder kept.
 ``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
@@ -49,6 +53,7 @@ from .runs import PreparedRun, RunSpec, legacy_run_config, prepare
 from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty
 
 Progress = Callable[[str], None]
+STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 class SweepFailed(RuntimeError):
@@ -56,6 +61,7 @@ class SweepFailed(RuntimeError):
 
 
 def _duplicates(specs: list[RunSpec]) -> None:
+    """``ValueError`` for two specs of one name, or of names one of which is a folder of the other."""
     seen: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
         seen.setdefault(spec.name, []).append(i)
@@ -64,6 +70,12 @@ def _duplicates(specs: list[RunSpec]) -> None:
         raise ValueError("two runs of one sweep would write one result file: " + "; ".join(
             f"{name!r} (runs {', '.join(map(str, idx))}: {', '.join(str(specs[i].app) for i in idx)})"
             for name, idx in repeated.items()))
+    nested = [(name[:cut], name) for name in sorted(seen) for cut in range(len(name)) if name[cut] == "/"
+              and name[:cut] in seen]
+    if nested:
+        raise ValueError("result names of one sweep would share a staging folder, one being a folder of the "
+                         "other: " + "; ".join(f"{outer!r} and {inner!r}" for outer, inner in nested)
+                         + " (rename one, e.g. 'x/all' beside 'x/y')")
 
 
 def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> list[PreparedRun]:
@@ -175,22 +187,31 @@ class _Board:
         self.progress(f"[{name}] done ({len(self.finished)} of {len(self.total)} runs of the sweep)")
 
 
+def stopped(exitcode: int | None) -> bool:
+    """Whether a run's process was stopped (a signal, or Ctrl-C: :data:`STOPPED_EXIT`) rather than failed."""
+    return exitcode is not None and (exitcode < 0 or exitcode == STOPPED_EXIT)
+
+
 def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str:
     """What to tell of a run that failed: its error and first client error, or how its process ended.
 
     A process that ended before reporting: the end of its log; its staging
     folder is removed when it exited with an error, kept (to continue) when
-    a signal stopped it.
+    it was stopped (:func:`stopped`).
     """
     if event is None:
         try:
             log = (job.staging / "log").read_text()[-3000:]
         except OSError:
             log = "(no log)"
+        if exitcode is not None and stopped(exitcode):
+            how = f"signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}, Ctrl-C"
+            return (f"[{job.name}] its process was stopped ({how}); its staging folder is kept for a later "
+                    f"sweep to continue; the end of its log:\n{log}")
         if exitcode is not None and exitcode > 0:
             shutil.rmtree(job.staging, ignore_errors=True)
-        how = f"exit code {exitcode}" if exitcode is None or exitcode >= 0 else f"signal {-exitcode}"
-        return f"[{job.name}] its process ended ({how}) before reporting; the end of its log:\n{log}"
+        return (f"[{job.name}] its process ended (exit code {exitcode}) before reporting; the end of its "
+                f"log:\n{log}")
     _, error, detail, client_error = event
     text = f"[{job.name}] failed: {error}\n{detail.rstrip()}"
     if client_error:
@@ -294,4 +315,5 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
     return [job.result for job in prepared]
 
 
-__all__ = ["SweepFailed", "claim_staging", "plan", "run_processes", "run_sweep"]
+__all__ = ["STOPPED_EXIT", "SweepFailed", "claim_staging", "plan", "run_processes", "run_sweep",
+           "stopped"]

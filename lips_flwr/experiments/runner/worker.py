@@ -8,9 +8,17 @@ LIPS strategy built at import time is forced too), so no module state of one
 run (an app's caches, ``torch.set_num_threads``, a module-level strategy)
 reaches another. The process dies with the sweep (Linux: ``PR_SET_PDEATHSIG``).
 
+The sweep computed the run's identity before its runs; this process, started
+later, imports whatever code is on disk then. Once the app's components are
+imported, the app's digest and ``lips_flwr``'s code identity are read again:
+a run whose code changed fails, naming what changed. A LIPS-off run fails
+before its first train instruction reaches a client when the app built no
+LIPS strategy under the forcing (it would run as written).
+
 A run that fails (an exception, ``SystemExit`` included) sends its error and
-the first client error, and removes its staging folder; a signal leaves the
-folder for a later sweep to resume.
+the first client error, and removes its staging folder; a signal or a
+Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
+later sweep to resume.
 """
 
 from __future__ import annotations
@@ -24,15 +32,23 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Message, MessageType
 
 from ..results import write_json_atomic
-from .observe import RunObserver
-from .provenance import now_utc, provenance
+from .apps import app_digest
+from .observe import RunFailed, RunObserver
+from .provenance import code_identity_now, now_utc, provenance
 from .runs import LIPS_OFF, PreparedRun
 from .store import write_result
+from .sweep import STOPPED_EXIT
+
+if TYPE_CHECKING:
+    from ...strategies.options import Forcing
 
 SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
 
@@ -92,6 +108,48 @@ def _extra(job: PreparedRun) -> dict[str, Any]:
     return extra
 
 
+def check_code(job: PreparedRun) -> None:
+    """``RunFailed`` naming each part of the run's code that differs on disk from its identity's."""
+    now = {"app.digest": app_digest(job.app), **{f"code.{k}": v for k, v in code_identity_now().items()}}
+    then = {"app.digest": job.identity["app"]["digest"],
+            **{f"code.{k}": v for k, v in job.identity["code"].items()}}
+    changed = [f"{key}: {then.get(key)} when the sweep started, {value} now" for key, value in now.items()
+               if then.get(key) != value]
+    if changed:
+        raise RunFailed("the code changed on disk since the sweep started (" + "; ".join(changed) + "): this "
+                        "run would not be what its identity says; run the sweep again")
+
+
+NO_LIPS = ("no LIPS strategy was built by the app: the LIPS-off arm would be the app as written; give each "
+           "arm its settings with --a/--b")
+
+
+class LipsOffCheck:
+    """The Grid's observer for a LIPS-off run: the :class:`RunObserver`, and a check before training.
+
+    When the first train instruction is pushed, a LIPS strategy must have been
+    built under the forcing (``forcing.strategies_built``), else ``RunFailed``
+    (:data:`NO_LIPS`) before any client trains. :meth:`check` is the same
+    check, for the end of a run (a legacy app's strategy swallows an error
+    raised in its message threads).
+    """
+
+    def __init__(self, observer: RunObserver, forcing: Forcing) -> None:
+        self.observer, self.forcing = observer, forcing
+
+    def check(self) -> None:
+        if self.forcing.strategies_built == 0:
+            raise RunFailed(NO_LIPS)
+
+    def pushed(self, messages: Sequence[Message]) -> None:
+        if any(m.metadata.message_type.split(".")[0] == MessageType.TRAIN for m in messages):
+            self.check()
+        self.observer.pushed(messages)
+
+    def replied(self, replies: Sequence[Message]) -> None:
+        self.observer.replied(replies)
+
+
 def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
     from ...strategies import forced_options
@@ -102,12 +160,15 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     earlier = _segments(job, resuming, started)
     if resuming:
         observer.resume_from(job.staging)
-    forcing = forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext()
-    with forcing:
+    with forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext() as forcing:
         server_app, client_app = import_components(job.app)
+        check_code(job)
+        watcher = LipsOffCheck(observer, forcing) if forcing is not None else observer
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
-                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=observer,
+                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=watcher,
                     seed=job.spec.seed)
+    if isinstance(watcher, LipsOffCheck):
+        watcher.check()
     observer.check(job.spec.require_evaluate)
     record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
     if earlier:
@@ -129,7 +190,7 @@ def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int)
     try:
         execute(job, resuming, observer)
     except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
-        _exit(130)
+        _exit(STOPPED_EXIT)
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
         detail = "".join(traceback.format_exception(err))[-4000:]
         send(("failed", f"{type(err).__name__}: {err}", detail, observer.first_error))
@@ -149,4 +210,4 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["execute", "run_process"]
+__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "run_process"]

@@ -81,10 +81,11 @@ def test_a_staging_folder_left_beside_a_finished_result_is_removed(tmp_path):
     job = prepare(spec, out)
     write_result(job.result, job.identity, {}, {}, None)
     (job.staging / "clients").mkdir(parents=True)
+    (job.staging / "identity.json").write_text(json.dumps(job.identity))  # (claim_staging's first file)
     lines: list[str] = []
     run_sweep([spec], out, progress=lines.append)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["conf", "conf/lips-seed1000.json"]
-    assert any("does not run" in line for line in lines) and any("reused" in line for line in lines)
+    assert any("its run finished" in line for line in lines) and any("reused" in line for line in lines)
 
 
 @pytest.mark.parametrize("regime", ["cpu", "gpu"])

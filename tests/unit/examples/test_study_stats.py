@@ -15,7 +15,7 @@ sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402
 
-from lips_flwr.experiments.stats import holm, paired, sign_test  # noqa: E402
+from lips_flwr.experiments.stats import NO_TEST_ZERO_VARIANCE, holm, paired, sign_test, verdict  # noqa: E402
 
 
 def test_paired_t_test_ci_and_sign_test_match_their_definitions():
@@ -34,11 +34,26 @@ def test_paired_t_test_ci_and_sign_test_match_their_definitions():
 def test_sign_test_extremes_and_degenerate_inputs():
     assert sign_test([1, 2, 3, 4, 5, 6]) == pytest.approx(2 / 64)  # the smallest p with 6 seeds
     assert sign_test([0, 0]) == 1.0
-    same = paired([0.02, 0.02, 0.02])
-    assert same["p_t"] == 0.0 and same["ci_low"] == same["ci_high"] == pytest.approx(0.02)
-    assert paired([0.0, 0.0])["p_t"] == 1.0
     with pytest.raises(ValueError, match="at least 2"):
         paired([0.1])
+    with pytest.raises(ValueError, match=r"must be finite numbers, got \[0\.1, nan\]"):
+        paired([0.1, math.nan])
+
+
+@pytest.mark.parametrize("differences", [[0.02, 0.02], [0.02] * 6, [-0.01] * 3, [0.0, 0.0]])
+def test_zero_variance_gets_no_t_test_and_no_verdict_from_it(differences):
+    """Every seed the same difference: the t statistic is undefined, not infinite; a CI [m, m] from two
+    seeds would claim certainty, and p_t = 0 made the verdict "supported"."""
+    same = paired(differences)
+    assert same["sd"] == 0.0 and same["mean"] == pytest.approx(differences[0])
+    assert math.isnan(same["t"]) and math.isnan(same["p_t"])
+    assert math.isnan(same["ci_low"]) and math.isnan(same["ci_high"])
+    assert same["p_sign"] == sign_test(differences)  # the sign test still says what it can
+    assert verdict(same, same["p_t"]) == verdict(same, 0.001) == NO_TEST_ZERO_VARIANCE
+    assert NO_TEST_ZERO_VARIANCE == "no test (zero variance)"
+    adjusted = holm({"H1": same["p_t"], "H2": 0.01, "H3": 0.04})  # a test not made still counts in the family
+    assert math.isnan(adjusted["H1"]) and adjusted["H2"] == pytest.approx(0.03)
+    assert adjusted["H3"] == pytest.approx(0.08)
 
 
 def test_holm_is_step_down_monotone_and_capped():

@@ -84,6 +84,26 @@ def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
         default_metric(read_result(path))
 
 
+def test_identical_differences_get_no_t_test_and_the_report_says_so(tmp_path):
+    """Zero variance gave p_t = 0 and a CI [m, m]: "supported" from two seeds."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    a = {1: [0.5, 0.5], 2: [0.25, 0.25]}
+    b = {1: [0.5, 0.625], 2: [0.25, 0.375]}  # B - A = +0.125 on both seeds (exact in binary)
+    results = write_runs(tmp_path, a, b)
+    comparison = Comparison(tmp_path, (1, 2), last=1)
+    summary = summarize(comparison, results)
+    assert summary["differences"] == [0.125, 0.125] and summary["sd"] == 0.0
+    assert summary["ci95"] is None and summary["p_t"] is None and summary["p_sign"] == 0.5
+    assert summary["verdict"] == "no test (zero variance)"
+    assert json.loads(json.dumps(summary, allow_nan=False)) == summary  # plain JSON: no NaN
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "B - A: +0.1250 on every one of the 2 seeds: zero variance, so no t-test and no CI" in text
+    assert "**Verdict: no test (zero variance)**" in text and "supported" not in text
+
+
 def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path):
     pytest.importorskip("matplotlib")
     from lips_flwr.experiments.compare_report import write_report
@@ -147,9 +167,22 @@ def test_the_command_asks_for_the_extras_it_lacks(monkeypatch, capsys, tmp_path)
     assert 'pip install "lips-flwr[examples]"' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argument", [["--seeds", "1,2,1"], ["--seeds", "1,2", "--last", "0"],
+                                      ["--seeds", "1,2", "--num-supernodes", "0"],
+                                      ["--seeds", "1", "--jobs", "0"]])
+def test_usage_errors_exit_2_before_anything_runs(tmp_path, capsys, argument):
+    """As the docstring promises: a seed twice exited 1, ``--last 0`` was found only after every run."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["compare", str(tmp_path / "app"), *argument, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: argument" in err and ("each seed once" in err or "an integer >= 1, got '0'" in err)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # (the command asks for its extras first)
-    app = make_app(tmp_path / "app", fail=True)
+    app = make_app(tmp_path / "app", fail=True, lips=True)  # (arm A forces LIPS off: the app builds one)
     code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
                      "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

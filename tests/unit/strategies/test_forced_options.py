@@ -37,3 +37,18 @@ def test_a_forced_tau0_of_zero_is_the_wrapped_strategy_bit_for_bit():
 def test_only_lips_options_can_be_forced():
     with pytest.raises(TypeError, match=r"\['lr'\], which are not LIPS options"), forced_options(lr=0.1):
         pass
+
+
+def test_the_block_counts_the_strategies_built_in_it():
+    """compare's LIPS-off arm must know when an app built no LIPS strategy: it would run as written."""
+    with forced_options(tau0=0.0) as none_built:
+        FedAvg()  # a Flower strategy: nothing to force
+    assert none_built.strategies_built == 0 and dict(none_built.options) == {"tau0": 0.0}
+    with forced_options(tau0=0.0) as outer:
+        LIPS(FedAvg(), tau0=0.7)
+        with forced_options(every=3) as inner:
+            inner_built = LegacyLIPSFedAvg(num_rounds=3, tau0=0.3, every=1)
+    assert (outer.strategies_built, inner.strategies_built) == (2, 1)
+    assert (inner_built.core.tau0, inner_built.core.every) == (0.0, 3)  # the outer block's values too
+    LIPS(FedAvg())
+    assert outer.strategies_built == 2  # outside the block: not counted

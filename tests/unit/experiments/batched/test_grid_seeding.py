@@ -125,6 +125,26 @@ def test_each_call_is_seeded_from_the_seed_the_node_the_round_and_the_kind():
         assert reply.content["metrics"]["before"][0] == expected, message_type
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_legacy_message_is_seeded_by_its_round_so_a_resumed_run_draws_what_an_uninterrupted_one_does():
+    """The legacy API carries its round only as the group id (``str(server_round)``): a run resumed at
+    round 3 makes its node's first call there, which a per-node call count would seed as round 1."""
+
+    def legacy(rnd: int) -> Message:
+        content = RecordDict({"fitins.config": ConfigRecord({"lr": 0.1})})  # no server-round: legacy FedAvg
+        return Message(content, 1000, "train", group_id=str(rnd))
+
+    uninterrupted = BatchedGrid(drawing_client(before=1), num_nodes=1, run_config={}, engine="sequential",
+                                seed=7)
+    for rnd in (1, 2):
+        uninterrupted.send_and_receive([legacy(rnd)])
+    (going_on,) = uninterrupted.send_and_receive([legacy(3)])
+    resumed = BatchedGrid(drawing_client(before=1), num_nodes=1, run_config={}, engine="sequential", seed=7)
+    (first_call,) = resumed.send_and_receive([legacy(3)])
+    expected = random.Random(derive_seed(7, 1, 3, 1)).random()
+    assert first_call.content["metrics"]["before"][0] == going_on.content["metrics"]["before"][0] == expected
+
+
 def test_the_server_apps_draws_do_not_depend_on_what_the_clients_drew():
     quiet, busy = run(7, client=drawing_client(before=0)), run(7, client=drawing_client(before=5))
     assert server_part(quiet) == server_part(busy)

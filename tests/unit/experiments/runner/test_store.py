@@ -142,15 +142,37 @@ def test_result_names_are_plain_relative_paths(name):
         check_name(name)
 
 
-def test_staging_folders_of_other_runs_are_removed(tmp_path):
+def test_pruning_keeps_other_runs_stopped_progress_and_removes_half_made_folders(tmp_path):
+    """A smaller sweep into a folder (`pilot.py run --cells resnet8-n100` after a stopped vgg6 run, other
+    seeds) deleted the stopped runs' resumable progress; only half-made folders are clutter."""
     root = tmp_path / ".staging"
-    for name in ("conf/a-seed0", "conf/b-seed0", "other/a-seed0", "loose"):
+    identity = {"seed": 0, "run_config": {"tau0": 0.5}}
+    for name in ("conf/a-seed0", "conf/b-seed0", "other/a-seed0", "done"):
         (root / name).mkdir(parents=True)
-        (root / name / "identity.json").write_text("{}")
+        (root / name / "identity.json").write_text(json.dumps(identity))
+        (root / name / "checkpoint.npz").write_bytes(b"progress")
+    write_result(tmp_path / "done.json", identity, {}, None, None)  # stopped after writing its result
+    (root / "conf" / "half-made" / "clients").mkdir(parents=True)  # stopped before its identity file
+    (root / "broken").mkdir()
+    (root / "broken" / "identity.json").write_text('{"seed": 0, "run_con')  # stopped while writing it
+    (root / "conf" / "loose.tmp").write_text("x")
     logged: list[str] = []
     prune_staging(tmp_path, {"conf/a-seed0"}, log=logged.append)
-    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir()) == ["conf", "conf/a-seed0"]
-    assert len(logged) == 3 and all("does not run" in line for line in logged)
+    runs = sorted(str(p.parent.relative_to(root)) for p in root.rglob("identity.json"))
+    assert runs == ["conf/a-seed0", "conf/b-seed0", "other/a-seed0"]
+    npz = sorted(str(p.relative_to(root)) for p in root.rglob("*.npz"))
+    assert npz == [f"{r}/checkpoint.npz" for r in runs]
+    assert sorted(p.name for p in (root / "conf").iterdir()) == ["a-seed0", "b-seed0"]  # nothing half-made
+    kept = [line for line in logged if line.startswith("keeping")]
+    assert [line.split("'")[1] for line in kept] == [str(root / "conf/b-seed0"), str(root / "other/a-seed0")]
+    assert all("a stopped run's staging" in line for line in kept)  # (conf/a-seed0: this sweep's, not logged)
+    removed = sorted(line.split("'")[1] for line in logged if line.startswith("removing"))
+    assert removed == sorted(str(root / n) for n in ("broken", "conf/half-made", "conf/loose.tmp", "done"))
+    assert len(logged) == len(kept) + len(removed)
+    prune_staging(tmp_path, set(), log=logged.append)  # a sweep that runs none of them keeps them too
+    assert sorted(str(p.parent.relative_to(root)) for p in root.rglob("identity.json")) == runs
+    for run in runs:
+        (root / run / "identity.json").unlink()  # now nothing says whose they are: clutter
     prune_staging(tmp_path, set(), log=logged.append)
     assert not root.exists()
 

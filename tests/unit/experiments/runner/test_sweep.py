@@ -6,6 +6,7 @@ The sweeps run real processes (``spawn``) of a numpy-only Flower App
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -256,4 +257,80 @@ def test_a_run_process_that_ends_without_a_word_fails_the_sweep_with_its_log(tmp
         run_sweep([spec(app, "gone")], tmp_path / "out", progress=lambda line: None)
     assert "[gone] its process ended (exit code 3) before reporting" in str(err.value)
     assert "tiny app: leaving at import" in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_names_of_which_one_is_a_folder_of_the_other_are_an_error_before_anything_runs(tmp_path):
+    """``x`` and ``x/y`` nest their staging folders: a claim of ``x`` would remove ``x/y``'s progress."""
+    app = make_app(tmp_path / "app")
+    nested = [spec(app, "x"), spec(app, "x/y", seed=1), spec(app, "z/w", seed=2)]
+    with pytest.raises(ValueError, match=r"would share a staging folder.*: 'x' and 'x/y' \(rename one"):
+        run_sweep(nested, tmp_path / "out", progress=lambda line: None)
+    assert not (tmp_path / "out").exists()  # refused before the lock or any staging folder
+
+
+def test_the_stacked_engines_chunk_size_is_in_a_stacked_runs_identity_only(tmp_path):
+    app, out = make_app(tmp_path / "app"), tmp_path / "out"
+    four = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked", chunk_size=4), out)
+    assert four.identity["chunk_size"] == 4
+    finished(out, four)
+    eight = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked", chunk_size=8), out)
+    with pytest.raises(ValueError, match="chunk_size: file 4, now 8"):
+        plan([eight], recompute=False, progress=lambda line: None)
+    whole = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="stacked"), out)
+    assert whole.identity["chunk_size"] is None
+    sequential = prepare(RunSpec(app, "run", 0, num_nodes=3, engine="sequential", chunk_size=4), out)
+    assert "chunk_size" not in sequential.identity  # its results of earlier versions keep matching
+
+
+def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tmp_path):
+    """The worker ends a Ctrl-C'd run with exit status 130: a stop, not a failure, so its progress stays."""
+    app = make_app(tmp_path / "app", resumable=True)
+    client = app / "tinyapp" / "client_app.py"
+    sleep = '    time.sleep(float(context.run_config["sleep"]))\n'
+    client.write_text(client.read_text().replace(sleep, "    raise KeyboardInterrupt  # as a Ctrl-C here\n"))
+    out = tmp_path / "out"
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "stopped")], out, progress=lambda line: None)
+    assert "[stopped] its process was stopped (exit code 130, Ctrl-C)" in str(err.value)
+    assert "staging folder is kept" in str(err.value)
+    staging = out / ".staging" / "stopped"
+    assert json.loads((staging / "identity.json").read_text()) == json.loads(json.dumps(
+        prepare(spec(app, "stopped"), out).identity))
+    assert not (out / "stopped.json").exists()
+
+
+def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_changed(tmp_path):
+    """The sweep computes the identity once; a run process started later imports what is on disk then."""
+    app = make_app(tmp_path / "app")
+    server = app / "tinyapp" / "server_app.py"
+    edit = ("import pathlib\n"  # an edit of the app between the sweep's start and this run's import
+            "with open(pathlib.Path(__file__).with_name('client_app.py'), 'a') as f:\n"
+            "    f.write('\\n# edited while the sweep ran\\n')\n")
+    server.write_text(edit + server.read_text())
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "edited")], tmp_path / "out", progress=lambda line: None)
+    assert "RunFailed: the code changed on disk since the sweep started (app.digest: " in str(err.value)
+    assert "code.source" not in str(err.value)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result file, no staging
+
+    from lips_flwr.experiments.runner.worker import check_code
+
+    job = prepare(spec(make_app(tmp_path / "same")), tmp_path / "out")
+    check_code(job)  # nothing changed: nothing raised
+    then = {**job.identity, "code": {**job.identity["code"], "source": "0" * 64}}
+    changed = f"code.source: {'0' * 64} when the sweep started, [0-9a-f]{{64}} now"
+    with pytest.raises(RunFailed, match=changed):
+        check_code(dataclasses.replace(job, identity=then))
+
+
+def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tmp_path):
+    """compare's default arm A forces LIPS off: an app with no LIPS strategy would be the app as written."""
+    app = make_app(tmp_path / "app")  # FedAvg, no LIPS
+    lines: list[str] = []
+    with pytest.raises(SweepFailed) as err:
+        run_sweep([spec(app, "a-seed0", lips_off=True)], tmp_path / "out", progress=lines.append)
+    assert ("RunFailed: no LIPS strategy was built by the app: the LIPS-off arm would be the app as written; "
+            "give each arm its settings with --a/--b") in str(err.value)
+    assert not any("round 1" in line for line in lines)  # stopped before its first round's training
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
