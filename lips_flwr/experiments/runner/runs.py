@@ -112,6 +112,9 @@ def _check_spec(spec: RunSpec, app: FlowerApp) -> None:
     if "seed" in spec.overrides and spec.overrides["seed"] != spec.seed:
         raise ValueError(f"{spec.name}: run-config seed={spec.overrides['seed']!r} differs from the run's "
                          f"seed {spec.seed}; the runner sets the app's seed key to the run's seed")
+    if spec.lips_off and spec.engine == "flwr":  # `flwr run` builds the app where no forcing reaches
+        raise ValueError(f"{spec.name}: a LIPS-off run (lips_off=True) needs the batched Grid; `flwr run` "
+                         "(engine 'flwr') would run the app with LIPS as written")
     unknown = sorted(set(spec.location_keys) - set(app.defaults))
     if unknown:
         raise ValueError(f"{spec.name}: location keys {unknown} are not run-config keys of {app.name}")

@@ -182,6 +182,14 @@ def test_runner_managed_keys_and_duplicate_names_are_errors_before_anything_runs
     assert not (tmp_path / "out" / ".staging").exists()
 
 
+def test_a_lips_off_run_under_flwr_run_is_an_error_not_a_run_with_lips_on(tmp_path):
+    # `flwr run` builds the app in processes the forcing does not reach: it would run LIPS as written.
+    app = make_app(tmp_path / "app", lips=True)
+    with pytest.raises(ValueError, match=r"LIPS-off run \(lips_off=True\) needs the batched Grid"):
+        prepare(RunSpec(app, "run", 0, num_nodes=3, engine="flwr", lips_off=True), tmp_path / "out")
+    assert prepare(RunSpec(app, "run", 0, num_nodes=3, engine="flwr"), tmp_path / "out").identity["engine"] == "flwr"
+
+
 def test_managed_keys_point_into_the_staging_folder_and_stay_out_of_the_identity(tmp_path):
     app = make_app(tmp_path / "app", resumable=True, results=True)
     job = prepare(spec(app, "conf/lips-seed3", seed=3, location_keys=("lr",)), tmp_path / "out")
