@@ -18,7 +18,9 @@ over seeds, the paired t-test with its 95% CI (ddof = 1) and the exact sign
 test (:mod:`.stats`), and a verdict in the study protocol's words (no t-test,
 CI or verdict from one seed, nor when every seed gave the same difference). The
 **inertia verdict** of arm A applies the protocol's rule to the relative
-steps of the global models the runner saw. ``<out>/summary.json``,
+steps of the global models the runner saw. ``summary.json`` also names
+the code and libraries that made it and each run's code (``provenance``).
+``<out>/summary.json``,
 ``<out>/report.md``, ``<out>/curves.png`` and ``<out>/inertia.png`` hold it
 all (:mod:`.compare_report`).
 """
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner.provenance import same_environment
+from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
 from .runner.store import Result, read_result
 from .runner.sweep import run_sweep
@@ -179,7 +181,26 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         same, differing = same_environment(results[f"a-seed{s}"].provenance, results[f"b-seed{s}"].provenance)
         summary["environments"].append({"seed": s, "same": same, "differing": differing})
     summary["error_replies"] = _errors(results)
+    summary["provenance"] = _provenance(results)
     return summary
+
+
+def _provenance(results: dict[str, Result]) -> dict[str, Any]:
+    """What made the summary (code, libraries, time) and, per run, the code that computed it.
+
+    Each run's full provenance stays in its result file; this names them so
+    that a summary read alone says which code made its numbers.
+    """
+    import lips_flwr
+
+    runs = {}
+    for name, result in sorted(results.items()):
+        record, identity = result.provenance or {}, result.identity or {}
+        runs[name] = {"file": result.path.name, "code": identity.get("code"), "git": record.get("git"),
+                      "started": record.get("started"), "wall_seconds": record.get("wall_seconds")}
+    return {"summary": {"lips_flwr": lips_flwr.__version__, "git": git_state(), **versions(),
+                        "made": now_utc()},
+            "runs": runs}
 
 
 def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,

@@ -67,6 +67,10 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
     assert summarize(Comparison(tmp_path, (1, 2, 3)), results)["last"] == 3  # min(10, rounds)
     assert summary["environments"] == [{"seed": s, "same": True, "differing": []} for s in (1, 2, 3)]
     assert summary["error_replies"] == {}
+    made = summary["provenance"]["summary"]  # what made the summary, and each run's code
+    assert {"lips_flwr", "git", "python", "numpy", "torch", "flwr", "made"} <= set(made)
+    assert sorted(summary["provenance"]["runs"]) == [f"{arm}-seed{s}" for arm in "ab" for s in (1, 2, 3)]
+    assert summary["provenance"]["runs"]["b-seed2"]["file"] == "b-seed2.json"
     assert json.loads(json.dumps(summary)) == summary  # plain JSON
 
 
