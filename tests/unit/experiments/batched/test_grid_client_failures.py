@@ -158,7 +158,7 @@ def hanging_app(release: threading.Event, calls: list, hang: set[int], sleep: fl
         calls.append(pid)
         time.sleep(sleep)
         if pid in hang:
-            release.wait()
+            release.wait(timeout=120)  # (a test that goes wrong fails after 2 minutes, not never)
         gathered_train()
         return reply(msg, pid)
 
@@ -246,6 +246,10 @@ def test_ctrl_c_stops_a_run_whose_client_hangs(engine, timeout):
     before = set(threading.enumerate())
     release, calls = threading.Event(), []
     grid = BatchedGrid(hanging_app(release, calls, {1}), num_nodes=3, run_config={}, engine=engine)
+    # A shell starts a background job with SIGINT ignored, and Python then keeps it ignored: the
+    # Ctrl-C below would never arrive (CI run as `.ci/run &` hung here). Python's own handler, as
+    # in an interactive run, for this test only.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -254,6 +258,7 @@ def test_ctrl_c_stops_a_run_whose_client_hangs(engine, timeout):
     finally:
         timer.cancel()
         release.set()
+        signal.signal(signal.SIGINT, previous)
     # No client is left waiting for gathered calls that will never run (the stacked engine).
     _wait_until(lambda: not any(t.is_alive() for t in set(threading.enumerate()) - before), seconds=10)
 
