@@ -149,8 +149,24 @@ def zeros_placed(before: np.ndarray, after: np.ndarray) -> int:
     return int(np.count_nonzero((after == 0) & (before != 0)))
 
 
+class Ledger:
+    """Stands for the DP privacy accountant: JSON state through state_dict()/load_state_dict()."""
+
+    def __init__(self) -> None:
+        self.events: list[int] = []
+
+    def state_dict(self) -> dict:
+        return {"events": list(self.events)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"events"}:
+            raise ValueError("not a ledger state")
+        self.events = list(state["events"])
+
+
 __all__ = [
-    "ConfigRecord", "MIDDLE", "TinyNet", "client_manager", "client_models", "fit_result",
+    "ConfigRecord", "Ledger", "MIDDLE", "TinyNet", "client_manager", "client_models", "fit_result",
     "grid", "params_to_model", "reply", "task_identity", "tiny_model", "to_numpy",
     "to_record", "zeros_placed",
 ]
+

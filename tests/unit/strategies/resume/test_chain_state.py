@@ -21,6 +21,7 @@ from flwr.server import strategy as legacy
 from flwr.serverapp import strategy as message
 
 from flower_fakes import (
+    Ledger,
     client_manager,
     client_models,
     grid,
@@ -231,21 +232,6 @@ def test_undeclared_bookkeeping_is_named_and_not_restored(tmp_path, caplog):
     resumed._lips_keeper.restore(resumed, checkpoint, None, resumed._to_state, resumed._from_state)
     assert resumed.first_round is None  # a resumed run's bookkeeping is its own
     np.testing.assert_array_equal(list(checkpoint.model), NAMES)
-
-
-class Ledger:
-    """An object whose state goes through a JSON state_dict() (as the DP privacy accountant's)."""
-
-    def __init__(self) -> None:
-        self.events: list[int] = []
-
-    def state_dict(self) -> dict:
-        return {"events": list(self.events)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if set(state) != {"events"}:
-            raise ValueError("not a ledger state")
-        self.events = list(state["events"])
 
 
 class LedgerFedAvg(message.FedAvg):

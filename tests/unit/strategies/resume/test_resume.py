@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import (
 from lips_flwr.persistence.checkpoint import load_checkpoint
 from lips_flwr.persistence.npz_store import read_groups, write_groups
 from lips_flwr.strategies import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg
-from flower_fakes import grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
+from flower_fakes import Ledger, grid, reply, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 
 ROUNDS, CRASH_AT = 8, 5  # round 5 is a mask round (every=2): the first resumed round masks
 LIPS_KW = dict(tau0=0.5, every=2, inertia_t0=2)
@@ -484,21 +484,6 @@ def test_hostile_strategy_state_is_refused(tmp_path, task_identity, edit, match)
         MAKE["FedAvgM"](checkpoint_path=path, resume=True).start(
             grid=message_grid(sampled), initial_arrays=to_record(tiny_model()), num_rounds=ROUNDS)
     assert sampled == []
-
-
-class Ledger:
-    """Stands for the DP privacy accountant: JSON state through state_dict()/load_state_dict()."""
-
-    def __init__(self) -> None:
-        self.events: list[int] = []
-
-    def state_dict(self) -> dict:
-        return {"events": list(self.events)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if set(state) != {"events"}:
-            raise ValueError("not a ledger state")
-        self.events = list(state["events"])
 
 
 class LedgerFedAvg(FedAvg):
