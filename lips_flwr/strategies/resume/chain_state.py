@@ -30,27 +30,9 @@ from flwr.common import log
 
 from ..chain import declared_state, strategy_chain
 
+# A codec's to_arrays and from_arrays (lips_flwr.strategies.codecs): the wing knows no codec.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]  # None: not model-shaped
 FromState = Callable[[str, Mapping[str, np.ndarray]], Any]
-
-
-def ndarray_state(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-    """Plain numpy state: a dict of arrays (Message FedAdam's ``m_t``) or a list (legacy ``m_t``)."""
-    if isinstance(value, dict) and value and all(
-            isinstance(k, str) and isinstance(v, (np.ndarray, np.generic)) for k, v in value.items()):
-        return "dict", {k: np.asarray(v) for k, v in value.items()}
-    if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
-        return "list", {str(i): np.asarray(v) for i, v in enumerate(value)}
-    return None
-
-
-def ndarray_value(kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    """:func:`ndarray_state`'s value back (copies)."""
-    if kind == "dict":
-        return {k: np.array(v) for k, v in arrays.items()}
-    if kind == "list":
-        return [np.array(v) for v in arrays.values()]
-    raise ValueError(f"unknown kind of strategy state {kind!r} in the checkpoint")
 
 
 def chain_classes(owner: Any) -> list[str]:

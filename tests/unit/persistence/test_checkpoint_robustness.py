@@ -56,9 +56,10 @@ from lips_flwr.persistence.checkpoint import Checkpoint, load_checkpoint, save_c
 from lips_flwr.persistence.identity import model_fingerprint
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.resume.keeper import CheckpointKeeper
-from lips_flwr.strategies.resume.chain_state import ndarray_state
+from lips_flwr.strategies.codecs import MessageCodec
 
 REPO = Path(__file__).resolve().parents[3]
+ndarray_state = MessageCodec().to_arrays  # plain numpy state, as the strategies' codecs read it
 
 
 # ----- helpers: writers in other processes -----
@@ -86,7 +87,8 @@ if mode == "raw":  # save_checkpoint itself, no keeper: as two runs did before t
 else:  # a strategy's keeper: begin() at the start of the run, a save per round
     from lips_flwr.core.lips import LIPSCore
     from lips_flwr.strategies.resume.keeper import CheckpointKeeper
-    from lips_flwr.strategies.resume.chain_state import ndarray_state
+    from lips_flwr.strategies.codecs import MessageCodec
+    ndarray_state = MessageCodec().to_arrays
 
     class Owner:
         pass

@@ -41,6 +41,16 @@ at 98405bc, before the per-API model codecs (issue 36), to pin the cache sync
 and the checkpoint's array state through them; Message FedAdam gets the same
 CPU-independent power.
 
+A third difference is deliberate (issue 36, one naming rule per API): a legacy
+strategy's list state (FedAdam's ``current_weights``, ``m_t``, ``v_t``,
+FedAvgM's ``momentum_vector``) is saved under the model's names
+(``param_names``) as its ``Parameters`` always were, no longer by position. In
+``legacy-fedadam-checkpoint`` and ``legacy-fedavgm-momentum-checkpoint`` those
+keys, and nothing else, were renamed in the recorded digests (checked: each
+array's hash is the one recorded under its position; every round is as
+recorded). A checkpoint written by position still resumes
+(``resume/test_resume.py``).
+
 Regenerate (only on purpose, and say why in the commit): ``LIPS_REGEN_GOLDEN=1 pytest tests/unit/strategies/test_golden_rounds.py``.
 """
 

@@ -229,7 +229,8 @@ def test_undeclared_bookkeeping_is_named_and_not_restored(tmp_path, caplog):
     assert "0.Bookkeeping.first_round" in caplog.text and "leaves out" in caplog.text
     resumed = Bookkeeping(message.FedAvg(), checkpoint_path=path, resume=True, **LIPS_KW)
     checkpoint = resumed._lips_keeper.begin(resumed, resumed.core)
-    resumed._lips_keeper.restore(resumed, checkpoint, None, resumed._to_state, resumed._from_state)
+    codec = resumed._lips_codec
+    resumed._lips_keeper.restore(resumed, checkpoint, None, codec.to_arrays, codec.from_arrays)
     assert resumed.first_round is None  # a resumed run's bookkeeping is its own
     np.testing.assert_array_equal(list(checkpoint.model), NAMES)
 
@@ -254,9 +255,9 @@ def test_a_state_its_object_refuses_sets_nothing():
     owner.strategy.other = Ledger()
     for objects in ({"1.LedgerFedAvg.ledger": {"x": 1}}, {**good, "1.LedgerFedAvg.other": {"x": 1}}):
         with pytest.raises(ValueError, match=r"cannot restore '1.LedgerFedAvg.(ledger|other)'.*not a ledger"):
-            restore_state(owner, arrays, {**meta, "objects": objects}, owner._to_state, owner._from_state,
+            restore_state(owner, arrays, {**meta, "objects": objects}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays,
                           model=tiny_model())
         assert (owner.strategy.seen, owner.strategy.kept, owner.strategy.ledger.events) == (0, None, [])
-    restore_state(owner, arrays, {**meta, "objects": good}, owner._to_state, owner._from_state, model=tiny_model())
+    restore_state(owner, arrays, {**meta, "objects": good}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays, model=tiny_model())
     assert (owner.strategy.seen, owner.strategy.ledger.events) == (5, [1, 2])
     assert list(owner.strategy.kept) == NAMES
