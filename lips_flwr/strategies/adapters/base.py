@@ -67,7 +67,8 @@ class LIPSAdapter(ABC):
     def _init_lips(self, options: Mapping[str, Any], codec: ModelCodec) -> None:
         options = lips_options(type(self).__name__, options)  # forced: lips-flwr compare's arm with LIPS off
         self.core = LIPSCore(**{k: v for k, v in options.items() if k in CORE_OPTIONS})
-        self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False))
+        self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False),
+                                             options.get("skip_undeclared_state", False))
         self._lips_codec = codec
         self._lips_gate = ReplyGate(codec)
 

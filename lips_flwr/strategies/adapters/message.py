@@ -152,7 +152,8 @@ class LIPS(_LIPSMixin, MessageWrapper):
     **options
         Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
         ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
-        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
+        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``,
+        ``skip_undeclared_state``;
         the README's Options table is the one list of their meanings, defaults
         and allowed values. ``num_rounds`` defaults to the one given to
         ``start()``.
