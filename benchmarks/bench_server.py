@@ -32,6 +32,7 @@ same arrays (a memory-bandwidth baseline).
     python benchmarks/bench_server.py                    # both models, ~5 minutes on 2 cores
     python benchmarks/bench_server.py --models resnet8 --reps 9
     python benchmarks/bench_server.py --inner fedavg,fedadam   # also LIPS(FedAdam()) vs FedAdam
+    python benchmarks/bench_server.py --inner fedadam,fedavgm  # FedAdam; FedAvgM with server momentum 0.9
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import ndarrays_to_parameters
 from flwr.server.strategy import FedAdam as LegacyFedAdam
 from flwr.server.strategy import FedAvg as LegacyFedAvg
-from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.server.strategy import FedAvgM as LegacyFedAvgM
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 
 from lips_flwr.core.layers import select_layers
 from lips_flwr.core.masking import mask_layers, model_update
@@ -104,13 +106,17 @@ def timed(strategy_class: type, method: str) -> type:
 
 
 TimedFedAvg, TimedLegacyFedAvg = timed(FedAvg, "aggregate_train"), timed(LegacyFedAvg, "aggregate_fit")
-# --inner: the strategy LIPS wraps, per API (FedAdam keeps state: the reply gate checks it too).
+# --inner: the strategy LIPS wraps, per API (FedAdam and FedAvgM keep state: the reply gate checks
+# it too; FedAvgM with server momentum keeps a copy of the model, which LIPS's mask rounds zero too).
 INNERS = {
     ("message", "fedavg"): lambda base: TimedFedAvg(),
     ("message", "fedadam"): lambda base: timed(FedAdam, "aggregate_train")(),
+    ("message", "fedavgm"): lambda base: timed(FedAvgM, "aggregate_train")(server_momentum=0.9),
     ("legacy", "fedavg"): lambda base: TimedLegacyFedAvg(),
     ("legacy", "fedadam"): lambda base: timed(LegacyFedAdam, "aggregate_fit")(
         initial_parameters=ndarrays_to_parameters(list(base.values()))),
+    ("legacy", "fedavgm"): lambda base: timed(LegacyFedAvgM, "aggregate_fit")(
+        server_momentum=0.9, initial_parameters=ndarrays_to_parameters(list(base.values()))),
 }
 
 
@@ -241,7 +247,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=0,
                         help="repetitions per variant (default: 11 for resnet8, 4 for resnet18)")
     parser.add_argument("--memory-clients", default="10,100")
-    parser.add_argument("--inner", default="fedavg", help="the wrapped strategies: fedavg, fedadam")
+    parser.add_argument("--inner", default="fedavg", help="the wrapped strategies: fedavg, fedadam, fedavgm")
     args = parser.parse_args()
     quiet_flower()
     if TaskIdentity is not None:

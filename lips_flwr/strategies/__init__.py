@@ -4,8 +4,9 @@ In three wings: :mod:`.adapters` (the strategies, the round's sequence once
 for both APIs), :mod:`.replies` (the reply gate both APIs share) and
 :mod:`.resume` (checkpointing, the wrapped chain's state as a declared
 contract); :mod:`.chain` is the chain of wrapped strategies and its
-declared state (Flower's in :mod:`.flower_state`), :mod:`.options` the
-keyword arguments the strategies take.
+declared state (Flower's in :mod:`.flower_state`), :mod:`.codecs` each
+API's models as arrays and back, :mod:`.options` the keyword arguments the
+strategies take.
 """
 
 from .adapters import LIPS, LegacyLIPS, LegacyLIPSFedAvg, LIPSFedAvg

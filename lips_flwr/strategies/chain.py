@@ -3,7 +3,9 @@
 A wrapper (Flower's DP wrappers, ``LIPS``) holds the strategy it wraps in
 ``.strategy``. What each strategy of the chain keeps between rounds is
 declared (:func:`declared_state`); the reply gate checks it, a checkpoint
-saves exactly that (:mod:`.resume.chain_state`).
+saves exactly that (:mod:`.resume.chain_state`). Which of its attributes
+cache the model its next round builds on is declared too
+(:func:`cached_models`): the mask's zeros go there (:mod:`.adapters.cache_sync`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from .flower_state import FLOWER_STATE
+from .flower_state import FLOWER_STATE, FlowerRow
 
 
 def strategy_chain(strategy: Any) -> Iterator[Any]:
@@ -36,26 +38,36 @@ def declared_state(strategy: Any) -> tuple[tuple[str, ...], frozenset[str]]:
     (:data:`.flower_state.FLOWER_STATE`), then the class's own ``lips_state``
     and ``lips_state_exclude``; a class further down overrides its bases.
     """
-    return _class_state(type(strategy))  # type: ignore[arg-type]  # classes hash by identity
+    return _class_state(type(strategy))[:2]  # type: ignore[arg-type]  # classes hash by identity
+
+
+def cached_models(strategy: Any) -> tuple[str, ...]:
+    """The attributes of ``strategy`` that cache the model its next round builds on: Flower's
+    (:data:`.flower_state.FLOWER_STATE`'s "caches the model") and a class's own ``lips_cached_model``,
+    along its classes."""
+    return _class_state(type(strategy))[2]  # type: ignore[arg-type]
 
 
 @functools.cache  # read every round by the reply gate's state check: once per class
-def _class_state(strategy_class: type) -> tuple[tuple[str, ...], frozenset[str]]:
+def _class_state(strategy_class: type) -> tuple[tuple[str, ...], frozenset[str], tuple[str, ...]]:
     state: dict[str, None] = {}
     left_out: set[str] = set()
+    caches: dict[str, None] = {}
     for cls in reversed(strategy_class.__mro__):
-        keep, rewritten = FLOWER_STATE.get(cls, ((), ()))
-        for name in (*keep, *_declared(cls, "lips_state")):
+        row = FLOWER_STATE.get(cls, FlowerRow())
+        for name in (*row.state, *_declared(cls, "lips_state")):
             state[name] = None
             left_out.discard(name)
-        for name in (*rewritten, *_declared(cls, "lips_state_exclude")):
+        for name in (*row.rewritten, *_declared(cls, "lips_state_exclude")):
             state.pop(name, None)
             left_out.add(name)
-    return tuple(state), frozenset(left_out)
+        caches.update(dict.fromkeys((*row.caches, *_declared(cls, "lips_cached_model"))))
+    return tuple(state), frozenset(left_out), tuple(caches)
 
 
 def check_declarations(owner: Any) -> None:
-    """``TypeError`` for a ``lips_state``/``lips_state_exclude`` of the chain that is not a tuple of names."""
+    """``TypeError`` for a ``lips_state``/``lips_state_exclude``/``lips_cached_model`` of the chain that is
+    not a tuple of names."""
     for inner in strategy_chain(owner):
         declared_state(inner)
 
@@ -67,4 +79,4 @@ def _declared(cls: type, attribute: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-__all__ = ["check_declarations", "declared_state", "inner_name", "strategy_chain"]
+__all__ = ["cached_models", "check_declarations", "declared_state", "inner_name", "strategy_chain"]

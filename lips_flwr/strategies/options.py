@@ -31,7 +31,7 @@ from flwr.common import log
 from ..core.layers import LayerSpec
 from ..core.lips import OPTIONS, TRIGGER_OPTIONS
 
-CHECKPOINT_OPTIONS = ("checkpoint_path", "resume")
+CHECKPOINT_OPTIONS = ("checkpoint_path", "resume", "skip_undeclared_state")
 CORE_OPTIONS = (*OPTIONS, *TRIGGER_OPTIONS)  # what LIPSCore takes
 ALL_OPTIONS = (*CORE_OPTIONS, *CHECKPOINT_OPTIONS)
 
@@ -55,6 +55,7 @@ class LIPSOptions(TypedDict, total=False):
     trigger_factor: float
     checkpoint_path: str | os.PathLike[str] | None
     resume: bool | str
+    skip_undeclared_state: bool
 
 
 def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:

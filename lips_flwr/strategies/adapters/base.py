@@ -10,13 +10,14 @@ Data flows one way through a round::
                 -> zeros into the wrapped strategies' caches -> log -> checkpoint
 
 :mod:`.message` and :mod:`.legacy` subclass :class:`LIPSAdapter` and supply
-only what differs: the conversions it declares, an access object for their
-replies (:mod:`..replies`), and their own loop (``start()``, the legacy ``Server``).
+only what differs: their model codec (:mod:`..codecs`), an access object for
+their replies (:mod:`..replies`), and their own loop (``start()``, the legacy
+``Server``).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Mapping
 from logging import INFO, WARNING
 from typing import Any, ClassVar, NamedTuple
@@ -27,9 +28,9 @@ from flwr.common import log
 from ...core.lips import LIPSCore
 from ...protocol import evaluate_config, train_config
 from ..chain import inner_name, strategy_chain
+from ..codecs import ModelCodec
 from ..options import CORE_OPTIONS, lips_options
 from ..replies.gate import ReplyAccess, ReplyGate
-from ..resume.chain_state import ndarray_state, ndarray_value
 from ..resume.keeper import CheckpointKeeper
 from .cache_sync import snapshot_caches, sync_cached_models
 from .round_log import log_round
@@ -47,7 +48,7 @@ class RoundResult(NamedTuple):
 
 class LIPSAdapter(ABC):
     """The LIPS hooks of both APIs; ``super()`` is the strategy whose aggregate is masked.
-    Subclasses implement the conversions declared below and call :meth:`_begin_round` and
+    Subclasses give :meth:`_init_lips` their API's codec and call :meth:`_begin_round` and
     :meth:`_aggregate_round` from their Flower methods."""
 
     # The legacy Server calls no configure after the last round: the round saves the final model.
@@ -55,6 +56,7 @@ class LIPSAdapter(ABC):
     SAVE_AFTER_LAST_ROUND: ClassVar[bool] = False
 
     core: LIPSCore
+    _lips_codec: ModelCodec  # the API's models as arrays and back (..codecs)
     _lips_keeper: CheckpointKeeper
     _lips_gate: ReplyGate  # the reply checks, their header cache, the retry (..replies)
     _lips_previous: Any = None  # the global model of the current round, in the API's type
@@ -62,11 +64,13 @@ class LIPSAdapter(ABC):
     _lips_history: dict | None = None  # per-round metrics to checkpoint (Message API's start())
 
     # ------------------------------------------------------------ construction
-    def _init_lips(self, options: Mapping[str, Any]) -> None:
+    def _init_lips(self, options: Mapping[str, Any], codec: ModelCodec) -> None:
         options = lips_options(type(self).__name__, options)  # forced: lips-flwr compare's arm with LIPS off
         self.core = LIPSCore(**{k: v for k, v in options.items() if k in CORE_OPTIONS})
-        self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False))
-        self._lips_gate = ReplyGate(self)
+        self._lips_keeper = CheckpointKeeper(options.get("checkpoint_path"), options.get("resume", False),
+                                             options.get("skip_undeclared_state", False))
+        self._lips_codec = codec
+        self._lips_gate = ReplyGate(codec)
 
     def summary(self) -> None:
         """Log the LIPS settings in Flower's log-tree style."""
@@ -92,7 +96,7 @@ class LIPSAdapter(ABC):
         included, so that a resumed run draws the same random numbers."""
         self._lips_keeper.before_round()
         self._lips_gate.headers.forget()  # of the last global model: read from this one when replies come
-        views = self._views(model)
+        views = self._lips_codec.views(model)
         if self._lips_previous is None:
             self._check_first_model(views)
         self._save_checkpoint(server_round - 1, model)
@@ -122,8 +126,11 @@ class LIPSAdapter(ABC):
         outcome = self.core.round(server_round, views, gate.previous_views(previous), aggregate_finite=True)
         if outcome.model is not None:  # masked: the wrapped strategies' caches get the same zeros
             assert views is not None  # a masked model comes from an aggregate
-            sync_cached_models(self, before, outcome.masks, self._cached_to_numpy, self._numpy_to_cached)
-            aggregate = self._with_model(aggregate, outcome.model, views)
+            codec = self._lips_codec
+            sync_cached_models(self, before, outcome.masks, codec)
+            # Only the masked layers are serialized anew; every other array is the aggregate's own.
+            aggregate = codec.from_arrays(codec.model_kind, outcome.model, like=aggregate,
+                                          changed={n for n, a in outcome.model.items() if a is not views[n]})
         log_round(server_round, outcome, self.core, inner_name(chain), replies, kept)
         self._checkpoint_round(server_round, aggregate, outcome.metrics)
         return RoundResult(aggregate, aggregated.metrics, outcome.metrics)
@@ -144,41 +151,8 @@ class LIPSAdapter(ABC):
     def _save_checkpoint(self, server_round: int, model: Any) -> None:
         """Write the checkpoint after ``server_round`` (``model``: the global model then)."""
         if self._lips_keeper.path is not None:
-            self._lips_keeper.save(self, self.core, server_round, self._views(model),
-                                   self._to_state, self._lips_history)
-
-    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-        """A wrapped strategy's attribute as checkpoint state: a model-shaped value, else ``None``."""
-        return ndarray_state(value)
-
-    def _from_state(self, kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-        """:meth:`_to_state`'s value back from the checkpoint."""
-        return ndarray_value(kind, arrays)
-
-    # -------------------------------------------- conversions (per API)
-    @abstractmethod
-    def _views(self, model: Any) -> Model:
-        """``name -> ndarray`` read-only views of a global model in the API's type."""
-
-    @abstractmethod
-    def _serialized(self, model: Any) -> tuple[list[str], list[Any]]:
-        """The names and the ``.npy`` bytes of a global model's arrays, in its order."""
-
-    def _parse_aggregate(self, aggregate: Any) -> Model:
-        """Read-only views of any aggregate, in the global model's order, its headers parsed."""
-        return self._views(aggregate)
-
-    @abstractmethod
-    def _with_model(self, aggregate: Any, model: Model, views: Model) -> Any:
-        """The aggregate with the core's ``model`` in it (only its changed tensors re-serialized)."""
-
-    @abstractmethod
-    def _cached_to_numpy(self, value: Any) -> Mapping[str, np.ndarray] | None:
-        """A wrapped strategy's cached model as ``name -> ndarray``, or ``None`` if it is none."""
-
-    @abstractmethod
-    def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-        """``arrays`` in the type of the cached ``value``."""
+            self._lips_keeper.save(self, self.core, server_round, self._lips_codec.views(model),
+                                   self._lips_codec.to_arrays, self._lips_history)
 
 
 __all__ = ["LIPSAdapter", "RoundResult"]

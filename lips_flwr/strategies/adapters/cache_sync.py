@@ -4,26 +4,27 @@ Some strategies keep their own copy of the model they returned and build the
 next round on it, which would silently undo the mask: Message ``FedAvgM``
 (``current_arrays``), legacy ``FedAdam``/``FedYogi``/``FedAdagrad``
 (``current_weights``) and legacy ``FedAvgM`` with server momentum
-(``initial_parameters``). Any such cache written during the round's
+(``initial_parameters``): the "caches the model" column of
+:data:`..flower_state.FLOWER_STATE`, and a class's own ``lips_cached_model``
+(:func:`..chain.cached_models`). Any such cache written during the round's
 aggregation gets the mask's zeros, at every level of the chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..chain import strategy_chain
-
-CACHE_ATTRIBUTES = ("current_arrays", "current_weights", "initial_parameters")
+from ..chain import cached_models, strategy_chain
+from ..codecs import ModelCodec
 
 
 def snapshot_caches(strategy: Any) -> dict[tuple[int, str], int]:
     """Identity of every cache attribute in the chain, taken before aggregation."""
     return {(id(inner), attribute): id(_own(inner, attribute))
-            for inner in strategy_chain(strategy) for attribute in CACHE_ATTRIBUTES}
+            for inner in strategy_chain(strategy) for attribute in cached_models(inner)}
 
 
 def _own(inner: Any, attribute: str) -> Any:
@@ -33,31 +34,31 @@ def _own(inner: Any, attribute: str) -> Any:
 
 
 def sync_cached_models(strategy: Any, before: dict[tuple[int, str], int], masks: Mapping[str, np.ndarray],
-                       to_numpy: Callable[[Any], Mapping[str, np.ndarray] | None],
-                       from_numpy: Callable[[Any, Mapping[str, np.ndarray]], Any]) -> list[str]:
+                       codec: ModelCodec) -> list[str]:
     """Zero the ``masks``' positions (``True``: 0 in the broadcast model) in every cache of the
     chain that holds another object than at :func:`snapshot_caches` time (``before``); the
-    ``"Class.attribute"`` of each. ``to_numpy``/``from_numpy`` read a cached value as
-    ``name -> ndarray`` (``None``: not a model) and write one back in its type.
+    ``"Class.attribute"`` of each. ``codec`` reads a cached value as arrays and writes the
+    zeroed ones back in its type, the others left as the cache holds them (not serialized again).
 
     The positions are zeroed rather than the cache replaced by the broadcast
     model: below a DP wrapper the cache holds the aggregate *before* noise.
     """
     synced = []
     for inner in strategy_chain(strategy):
-        for attribute in CACHE_ATTRIBUTES:
+        for attribute in cached_models(inner):
             value = _own(inner, attribute)
             if value is None or before.get((id(inner), attribute)) == id(value):
                 continue
-            cached = to_numpy(value)
-            if cached is None or any(
-                name not in cached or np.shape(cached[name]) != mask.shape
+            found = codec.to_arrays(value)
+            if found is None or any(
+                name not in found[1] or np.shape(found[1][name]) != mask.shape
                 for name, mask in masks.items()
             ):
                 continue
-            edited = dict(cached)
-            for name, mask in masks.items():
-                edited[name] = np.where(mask, np.zeros_like(cached[name]), cached[name])
-            setattr(inner, attribute, from_numpy(value, edited))
+            kind, cached = found
+            zeroed = {name: np.where(mask, np.zeros_like(cached[name]), cached[name])
+                      for name, mask in masks.items()}
+            edited = codec.from_arrays(kind, {**cached, **zeroed}, like=value, changed=zeroed)
+            setattr(inner, attribute, edited)
             synced.append(f"{type(inner).__name__}.{attribute}")
     return synced

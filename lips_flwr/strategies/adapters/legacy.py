@@ -9,7 +9,7 @@ default rank-based layer rule, which needs no names.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -18,9 +18,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg, Strategy
 
-from ..._npy import read_npy
 from ...core.checks import names_problem
 from ...persistence.checkpoint import Checkpoint
+from ..codecs import NAMES_HINT, LegacyCodec
 from ..options import LIPSOptions, split_options
 from ..replies.legacy_access import LegacyReplies
 from .base import LIPSAdapter
@@ -29,7 +29,6 @@ from .delegation import EvaluateFailures, EvaluateResults, FitFailures, FitResul
 if TYPE_CHECKING:  # no runtime dependency: the annotations are strings
     from typing_extensions import Unpack
 
-_NAMES_HINT = "pass the names in the order the clients send them (e.g. list(net.state_dict().keys()))"
 _M = TypeVar("_M", bound=Callable[..., Any])
 
 
@@ -64,7 +63,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
             if not all(isinstance(n, str) for n in param_names) or len(set(param_names)) != len(param_names):
                 raise ValueError("`param_names` must be a list of distinct strings")
         self.param_names = param_names
-        self._init_lips(lips)
+        self._init_lips(lips, LegacyCodec(param_names))
         # Read now: the ServerConfig needs rounds_left, and a bad file fails before any round.
         found = self._lips_keeper.begin(self, self.core)
         if found is not None:
@@ -86,8 +85,9 @@ class _LegacyLIPSMixin(LIPSAdapter):
             raise ValueError(
                 f"the checkpoint {self._lips_keeper.path!r} holds arrays named "
                 f"{list(checkpoint.model)[:3]}..., not `param_names`: another model")
-        given = self._views(initial) if initial is not None else None
-        self._lips_keeper.restore(self, checkpoint, given, self._to_state, self._from_state)
+        codec = self._lips_codec
+        given = codec.views(initial) if initial is not None else None
+        self._lips_keeper.restore(self, checkpoint, given, codec.to_arrays, codec.from_arrays)
         return ndarrays_to_parameters(list(checkpoint.model.values()))
 
     @_ends_the_run_on_error
@@ -107,7 +107,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self.summary()  # the legacy server never calls summary()
         reason = names_problem(model) if self.param_names is not None else None
         if reason is not None:
-            raise ValueError(f"`param_names` do not match the model's arrays: {reason}; {_NAMES_HINT}")
+            raise ValueError(f"`param_names` do not match the model's arrays: {reason}; {NAMES_HINT}")
         super()._check_first_model(model)
 
     @_ends_the_run_on_error
@@ -117,7 +117,7 @@ class _LegacyLIPSMixin(LIPSAdapter):
         """Aggregate the usable results with the wrapped strategy, in the order they came, then let
         LIPS mask on mask rounds; results the reply gate drops move to ``failures``."""
         server_round = self._round(server_round)
-        access = LegacyReplies(results, list(failures), server_round, self._views,
+        access = LegacyReplies(results, list(failures), server_round, self._lips_codec.views,
                                super().aggregate_fit)  # type: ignore[misc]
         parameters, metrics, lips_metrics = self._aggregate_round(server_round, access)
         if parameters is None:
@@ -156,58 +156,6 @@ class _LegacyLIPSMixin(LIPSAdapter):
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
         return super().evaluate(self._round(server_round), parameters)  # type: ignore[misc]
-
-    # ----------------------------------------------------------- conversions
-    def _names(self, parameters: Parameters) -> list[str]:
-        count = len(parameters.tensors)
-        if self.param_names is None:
-            return [str(i) for i in range(count)]
-        if len(self.param_names) != count:
-            raise ValueError(
-                f"`param_names` has {len(self.param_names)} names but the model has "
-                f"{count} arrays; {_NAMES_HINT}")
-        return self.param_names
-
-    def _views(self, model: Parameters) -> dict[str, np.ndarray]:
-        # Read-only views of the serialized bytes, no copy: LIPS only reads these.
-        return dict(zip(self._names(model), map(read_npy, model.tensors)))
-
-    def _serialized(self, model: Parameters) -> tuple[list[str], list[Any]]:
-        return self._names(model), list(model.tensors)
-
-    def _with_model(self, aggregate: Parameters, model: Mapping[str, np.ndarray],
-                    views: Mapping[str, np.ndarray]) -> Parameters:
-        return ndarrays_to_parameters(list(model.values()))
-
-    def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
-        if isinstance(value, Parameters):
-            count = len(value.tensors)
-            if not count or (self.param_names is not None and len(self.param_names) != count):
-                return None
-            return self._views(value)
-        # FedOpt's 0-d entries (num_batches_tracked) come out as numpy scalars.
-        if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
-            names = self.param_names
-            if names is None or len(names) != len(value):
-                names = [str(i) for i in range(len(value))]
-            return {n: np.asarray(v) for n, v in zip(names, value)}
-        return None
-
-    def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-        if isinstance(value, Parameters):
-            return ndarrays_to_parameters(list(arrays.values()))
-        return list(arrays.values())
-
-    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-        if isinstance(value, Parameters):
-            arrays = self._cached_to_numpy(value)
-            return None if arrays is None else ("parameters", arrays)
-        return super()._to_state(value)
-
-    def _from_state(self, kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-        if kind == "parameters":
-            return ndarrays_to_parameters([np.array(a) for a in arrays.values()])
-        return super()._from_state(kind, arrays)
 
 
 class LegacyLIPS(_LegacyLIPSMixin, LegacyWrapper):

@@ -1,26 +1,27 @@
 """LIPS for Flower's Message API (``aggregate_train``): a wrapper around any Strategy.
 
-Only what is particular to the Message API is here: ArrayRecords as
-``name -> ndarray`` and back, the keys replies are read by, and the
-``start()`` loop (fresh or resumed, :mod:`.message_loop`).
+Only what is particular to the Message API is here: its codec
+(:class:`..codecs.MessageCodec`: ArrayRecords as ``name -> ndarray`` and back),
+the keys replies are read by, and the ``start()`` loop (fresh or resumed,
+:mod:`.message_loop`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
-from ..._records import array_of, numpy_to_record, record_to_numpy, record_views
+from ..._records import numpy_to_record
 from ..chain import strategy_chain
+from ..codecs import MessageCodec
 from ..options import LIPSOptions, split_options
-from ..replies.message_access import MessageReplies, in_arrival_order, record_bytes
+from ..replies.message_access import MessageReplies, in_arrival_order
 from .base import LIPSAdapter
 from .delegation import MessageWrapper
 from .message_loop import empty_history, history_from_json, run_start
@@ -64,7 +65,8 @@ class _LIPSMixin(LIPSAdapter):
             self._lips_done, arrays = 0, initial_arrays
             self._lips_history = None if keeper.path is None else empty_history()
             if resumed is not None:
-                keeper.restore(self, resumed, record_views(initial_arrays), self._to_state, self._from_state)
+                codec = self._lips_codec
+                keeper.restore(self, resumed, codec.views(initial_arrays), codec.to_arrays, codec.from_arrays)
                 self._lips_done, arrays = resumed.round, numpy_to_record(resumed.model)
                 self._lips_history = history_from_json(resumed.history)
             result = run_start(self, grid, arrays, num_rounds, self._lips_done, self._lips_history,  # type: ignore[arg-type]
@@ -124,47 +126,6 @@ class _LIPSMixin(LIPSAdapter):
             config = ConfigRecord({**dict(config), **extra})
         return super().configure_evaluate(server_round, arrays, config, grid)  # type: ignore[misc]
 
-    # ----------------------------------------------------------- conversions
-    def _views(self, model: ArrayRecord) -> dict[str, np.ndarray]:
-        return record_views(model)
-
-    def _serialized(self, model: ArrayRecord) -> tuple[list[str], list[Any]]:
-        return record_bytes(model)
-
-    def _parse_aggregate(self, aggregate: ArrayRecord) -> dict[str, np.ndarray]:
-        # Layers are chosen in the global model's order: the aggregate's follows
-        # whichever client replied first.
-        unordered = record_views(aggregate)
-        order = list(self._lips_previous) if self._lips_previous is not None else []
-        order = order if set(order) == set(unordered) else list(unordered)
-        return {name: unordered[name] for name in order}
-
-    def _with_model(self, aggregate: ArrayRecord, model: Mapping[str, np.ndarray],
-                    views: Mapping[str, np.ndarray]) -> ArrayRecord:
-        # The masked layers, serialized anew; every other Array is the aggregate's own.
-        return ArrayRecord({name: aggregate[name] if array is views[name] else array_of(array)
-                            for name, array in model.items()})
-
-    def _cached_to_numpy(self, value: Any) -> dict[str, np.ndarray] | None:
-        if isinstance(value, ArrayRecord):
-            return record_to_numpy(value)
-        if isinstance(value, dict) and all(isinstance(v, (np.ndarray, np.generic)) for v in value.values()):
-            return {name: np.asarray(v) for name, v in value.items()}
-        return None
-
-    def _numpy_to_cached(self, value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-        if isinstance(value, ArrayRecord):
-            return numpy_to_record(arrays, value, arrays)
-        return {name: arrays[name] for name in value}
-
-    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-        if isinstance(value, ArrayRecord):
-            return ("arrayrecord", record_views(value)) if len(value) else None
-        return super()._to_state(value)
-
-    def _from_state(self, kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-        return numpy_to_record(arrays) if kind == "arrayrecord" else super()._from_state(kind, arrays)
-
 
 class LIPS(_LIPSMixin, MessageWrapper):
     """LIPS transient sparsity around any Message API strategy.
@@ -191,7 +152,8 @@ class LIPS(_LIPSMixin, MessageWrapper):
     **options
         Keyword-only: ``num_rounds``, ``tau0``, ``every``, ``start_round``, ``decay``,
         ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, ``trigger``,
-        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``;
+        ``trigger_window``, ``trigger_factor``, ``checkpoint_path``, ``resume``,
+        ``skip_undeclared_state``;
         the README's Options table is the one list of their meanings, defaults
         and allowed values. ``num_rounds`` defaults to the one given to
         ``start()``.
@@ -202,7 +164,7 @@ class LIPS(_LIPSMixin, MessageWrapper):
             raise ValueError("`strategy` must be a flwr.serverapp.strategy.Strategy (Message API); "
                              f"got {type(strategy).__name__}. For legacy strategies use LegacyLIPS.")
         self.strategy = strategy
-        self._init_lips(options)
+        self._init_lips(options, MessageCodec())
 
     def summary(self) -> None:
         """Log the LIPS settings, then the wrapped strategy's."""
@@ -221,7 +183,7 @@ class LIPSFedAvg(_LIPSMixin, FedAvg):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        self._init_lips(split_options(kwargs))
+        self._init_lips(split_options(kwargs), MessageCodec())
         super().__init__(**kwargs)
 
     def summary(self) -> None:

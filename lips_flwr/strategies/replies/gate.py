@@ -5,7 +5,7 @@ its weight and its arrays' headers against the global model's; the Message
 API's vote on records and metric keys; bad metric values out; the cast to the
 global model's dtypes), then :meth:`ReplyGate.aggregate` (:mod:`.retry`). Each
 API gives the gate a :class:`ReplyAccess` for its replies (:mod:`.message_access`,
-:mod:`.legacy_access`) and a :class:`ModelCodec` for its models (the adapter):
+:mod:`.legacy_access`) and its :class:`~..codecs.ModelCodec` for its models:
 a fix to reply handling lands here once.
 """
 
@@ -14,11 +14,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, MutableMapping
 from logging import WARNING
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from flwr.common import log
 
+from ..codecs import ModelCodec
 from .checks import MAX_METRIC, metric_ok, num_examples_problem, stand_in
 from .dtypes import cast_array, round_dtypes
 from .headers import HeaderCache, ModelHeaders, fast_reply_problem
@@ -108,48 +109,39 @@ class ReplyAccess(ABC, Generic[R]):
         """How many replies carry ``lips-client-zeros`` (client mode: clients that masked)."""
 
 
-class ModelCodec(Protocol):
-    """How the gate reads a global model and an aggregate in the API's type (the adapter)."""
-
-    def _serialized(self, model: Any) -> tuple[list[str], list[Any]]: ...
-    def _views(self, model: Any) -> Model: ...
-    def _parse_aggregate(self, aggregate: Any) -> Model: ...
-    def _to_state(self, value: Any) -> tuple[str, dict[str, np.ndarray]] | None: ...
-
-
 class ReplyGate:
     """The checks, the dtype cast and the retry of one LIPS strategy, for both APIs; between rounds
     it keeps the headers (:class:`.headers.HeaderCache`) and the last accepted replies' signature."""
 
-    def __init__(self, models: ModelCodec) -> None:
-        self.models = models
+    def __init__(self, codec: ModelCodec) -> None:
+        self.codec = codec
         self.headers = HeaderCache()
         self.accepted: dict[str, tuple] = {}  # "train"/"evaluate" -> the last accepted replies' signature
 
     # ------------------------------------------------------------ the global model
     def model_headers(self, previous: Any) -> ModelHeaders:
         """The headers of the round's global model ``previous``, read once per model."""
-        return self.headers.of(previous, *self.models._serialized(previous))
+        return self.headers.of(previous, *self.codec.serialized(previous))
 
     def _current_headers(self, previous: Any) -> ModelHeaders | None:
-        return None if previous is None else self.headers.cached(previous, *self.models._serialized(previous))
+        return None if previous is None else self.headers.cached(previous, *self.codec.serialized(previous))
 
     def previous_views(self, previous: Any) -> Model | None:
         """Read-only views of the round's global model (``None`` when there is none)."""
         if previous is None:
             return None
         headers = self._current_headers(previous)
-        return self.models._views(previous) if headers is None else headers.views
+        return self.codec.views(previous) if headers is None else headers.views
 
     def aggregate_views(self, aggregate: Any, previous: Any) -> Model:
         """Read-only views of an aggregate, in the global model's order: through the round's headers
         when it has the global model's names in its order (the usual case), else parsed."""
         headers = self._current_headers(previous)
         if headers is not None:
-            names, datas = self.models._serialized(aggregate)
+            names, datas = self.codec.serialized(aggregate)
             if names == headers.name_list:
                 return dict(zip(names, headers.read_in_order(datas)))
-        return self.models._parse_aggregate(aggregate)
+        return self.codec.in_order(aggregate, [] if previous is None else self.codec.serialized(previous)[0])
 
     # --------------------------------------------------------------- admission
     def admit(self, access: ReplyAccess[R], previous: Any) -> list[R]:
@@ -267,4 +259,4 @@ def _weight(weight: object) -> float:
     return float(weight) if isinstance(weight, (int, float)) and not isinstance(weight, bool) else 1.0
 
 
-__all__ = ["Aggregated", "ModelCodec", "ReadReply", "ReplyAccess", "ReplyGate"]
+__all__ = ["Aggregated", "ReadReply", "ReplyAccess", "ReplyGate"]

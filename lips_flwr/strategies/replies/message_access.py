@@ -85,11 +85,6 @@ def record_dict(record: Mapping[str, _V]) -> dict[str, _V]:
     return mapping.copy() if type(mapping) is MappingProxyType else dict(items)
 
 
-def record_bytes(record: ArrayRecord) -> tuple[list[str], list[Any]]:
-    """The names and the serialized arrays (``Array.data``) of an ArrayRecord, in its order."""
-    return list(record), list(map(DATA, record.values()))
-
-
 def reply_views(msg: Message) -> dict[str, np.ndarray]:
     """Read-only views of a train reply's arrays (headers parsed once, no copy)."""
     return {n: read_npy(a.data) for n, a in records(msg, ArrayRecord)[0][1].items()}
@@ -298,5 +293,5 @@ class MessageReplies(ReplyAccess[Message]):
 
 __all__ = [
     "MessageRead", "MessageReplies", "consistent", "in_arrival_order", "metric_signature", "read_train_reply",
-    "record_bytes", "record_dict", "records", "reply_views", "signature", "split_records",
+    "record_dict", "records", "reply_views", "signature", "split_records",
 ]

@@ -54,8 +54,8 @@ def nonfinite_state(chain: list, to_state: Callable[[Any], Any]) -> list[str]:
     """``Class.attribute`` of each declared state of the chain that holds NaN or Inf.
 
     Numbers are tested as they are; model-shaped values through ``to_state``
-    (the adapter's: an ArrayRecord, Parameters, a dict or list of arrays);
-    anything else (a privacy accountant) is not looked at.
+    (a codec's :meth:`~..codecs.ModelCodec.to_arrays`: an ArrayRecord, Parameters,
+    a dict or list of arrays); anything else (a privacy accountant) is not looked at.
     """
     found = []
     for inner in chain:
@@ -136,14 +136,14 @@ class Retry:
         """What is not finite after ``outcome``: its arrays, and the chain's state that was finite before."""
         if outcome.views is None:
             return [], []
-        state = nonfinite_state(self.chain, self.gate.models._to_state)
+        state = nonfinite_state(self.chain, self.gate.codec.to_arrays)
         return nonfinite_arrays(outcome.views), [s for s in state if s not in (self.before or ())]
 
     def learn_before(self) -> bool:
         """Read which state was not finite before the round (the chain's state is put back for it);
         ``True`` when some was: the round must be aggregated again without blaming it on a reply."""
         restore_chain_state(self.saved)
-        self.before = set(nonfinite_state(self.chain, self.gate.models._to_state))
+        self.before = set(nonfinite_state(self.chain, self.gate.codec.to_arrays))
         if self.before:
             log(WARNING, "LIPS: the state of %s held NaN or Inf before this round (%s): no reply can be "
                 "blamed for it", self.inner, sorted(self.before))

@@ -12,7 +12,12 @@ is named in a warning at the first save that finds it, and a resumed run
 starts it as built.
 
 On resume the chain's classes must be the same (``ValueError`` otherwise);
-its scalar settings may differ, with a warning naming each difference.
+its scalar settings may differ, with a warning naming each difference. Only
+declared state is restored: a checkpoint holding anything else (one written
+before the declared contract saved every value that changed) is refused with a
+:class:`~lips_flwr.errors.ResultFileError` naming the keys, unless the strategy
+was built with ``skip_undeclared_state=True``: then they are skipped, named in
+a warning, and start as built.
 """
 
 from __future__ import annotations
@@ -28,29 +33,12 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
+from ...errors import ResultFileError
 from ..chain import declared_state, strategy_chain
 
+# A codec's to_arrays and from_arrays (lips_flwr.strategies.codecs): the wing knows no codec.
 ToState = Callable[[Any], "tuple[str, dict[str, np.ndarray]] | None"]  # None: not model-shaped
 FromState = Callable[[str, Mapping[str, np.ndarray]], Any]
-
-
-def ndarray_state(value: Any) -> tuple[str, dict[str, np.ndarray]] | None:
-    """Plain numpy state: a dict of arrays (Message FedAdam's ``m_t``) or a list (legacy ``m_t``)."""
-    if isinstance(value, dict) and value and all(
-            isinstance(k, str) and isinstance(v, (np.ndarray, np.generic)) for k, v in value.items()):
-        return "dict", {k: np.asarray(v) for k, v in value.items()}
-    if isinstance(value, list) and value and all(isinstance(v, (np.ndarray, np.generic)) for v in value):
-        return "list", {str(i): np.asarray(v) for i, v in enumerate(value)}
-    return None
-
-
-def ndarray_value(kind: str, arrays: Mapping[str, np.ndarray]) -> Any:
-    """:func:`ndarray_state`'s value back (copies)."""
-    if kind == "dict":
-        return {k: np.array(v) for k, v in arrays.items()}
-    if kind == "list":
-        return [np.array(v) for v in arrays.values()]
-    raise ValueError(f"unknown kind of strategy state {kind!r} in the checkpoint")
 
 
 def chain_classes(owner: Any) -> list[str]:
@@ -216,7 +204,7 @@ def _kind(value: Any) -> str | None:
 def restore_state(
     owner: Any, arrays: Mapping[str, tuple[str, Mapping]], meta: Mapping | None,
     to_state: ToState, from_state: FromState, model: Mapping[str, np.ndarray] | None = None,
-    unshaped: Iterable[str] = (),
+    unshaped: Iterable[str] = (), skip_undeclared: bool = False,
 ) -> None:
     """Put captured state back into a chain of the same classes; ``ValueError`` otherwise.
 
@@ -225,7 +213,8 @@ def restore_state(
     ``model`` (the checkpoint's); a value to an attribute holding one of its
     kind (any over ``None``), text only to declared state (other text is a
     setting: a record or metric name replies are read by); an object's state
-    is loaded into a copy of it first (:func:`_copy`). Each restored value
+    is loaded into a copy of it first (:func:`_copy`); and only state the live
+    chain declares is restored (:func:`_declared_only`). Each restored value
     that differs from what the strategy was built with is named in a warning.
     """
     meta = meta or {}
@@ -248,7 +237,7 @@ def restore_state(
         return here[key]
 
     unshaped = set(unshaped)
-    updates: list[tuple[Any, str, Any]] = []
+    updates: list[tuple[Any, str, Any, str]] = []
     for key, (kind, tensors) in arrays.items():
         inner, attribute = target(key, "array state")
         current = getattr(inner, attribute)
@@ -259,7 +248,7 @@ def restore_state(
         problem = None if model is None or key in unshaped else shape_problem(tensors, model)
         if problem is not None:
             raise ValueError(f"the checkpoint's array state {key!r} does not fit its model: {problem}")
-        updates.append((inner, attribute, from_state(kind, tensors)))
+        updates.append((inner, attribute, from_state(kind, tensors), key))
     restored = []
     for key, value in meta.get("scalars", {}).items():
         inner, attribute = target(key, "the value")
@@ -278,24 +267,45 @@ def restore_state(
             raise ValueError(f"the checkpoint's value for {key!r} ({value!r}) would replace {live!r}: text "
                              "a strategy does not declare as its state is a setting (a record or metric "
                              "name), which a checkpoint does not change: not written by this strategy chain")
-        updates.append((inner, attribute, value))
+        updates.append((inner, attribute, value, key))
         if _scalar(live) != value or type(_scalar(live)) is not type(value):
-            restored.append(f"{key} = {value!r} (built with {live!r})")
+            restored.append((key, f"{key} = {value!r} (built with {live!r})"))
     objects = [(getattr(*target(key, "the state of")), key, state)
                for key, state in meta.get("objects", {}).items()]
+    undeclared = [key for key in (*arrays, *meta.get("scalars", {}), *meta.get("objects", {}))
+                  if here[key][1] not in declared_state(here[key][0])[0]]
+    if skip_undeclared and undeclared:  # left as built: not checked against their objects either
+        log(WARNING, "LIPS: skipping %s of the checkpoint (skip_undeclared_state=True): the wrapped "
+            "strategies do not declare them as their state; they start as built", ", ".join(undeclared))
+        updates = [update for update in updates if update[3] not in undeclared]
+        objects = [found for found in objects if found[1] not in undeclared]
+        restored = [found for found in restored if found[0] not in undeclared]
     # An object checks its state in its own load_state_dict: each loads it into a copy first, nothing
     # set yet; one that cannot be copied loads it itself, after those checks and before any setattr.
     tried = [(obj, key, state, _copy(obj)) for obj, key, state in objects]
     for obj, key, state, trial in sorted(tried, key=lambda found: found[3] is None):
+        if trial is None and undeclared and not skip_undeclared:
+            break  # an object loads itself only once nothing is refused
         _load(obj if trial is None else trial, key, state)
-    for inner, attribute, value in updates:
+    if undeclared and not skip_undeclared:
+        raise ResultFileError(_undeclared_message(undeclared, here))
+    for inner, attribute, value, _ in updates:
         setattr(inner, attribute, value)
     for obj, key, state, trial in tried:
         if trial is not None:
             _load(obj, key, state)
     if restored:
         log(WARNING, "LIPS: restoring values of the wrapped strategies from the checkpoint: %s",
-            "; ".join(restored))
+            "; ".join(text for _, text in restored))
+
+
+def _undeclared_message(keys: list[str], here: Mapping[str, tuple[Any, str]]) -> str:
+    """Why a checkpoint with state the live chain does not declare is refused, and the two fixes."""
+    owners = sorted({f"{type(here[key][0]).__name__}.lips_state" for key in keys})
+    return (f"the checkpoint holds {', '.join(keys)}, which the wrapped strategies do not declare as "
+            "their state (checkpoints written before the declared state saved every value that changed): "
+            f"declare what a resumed run must continue with in {', '.join(owners)} = (\"attr\", ...), or "
+            "resume without it with skip_undeclared_state=True (those attributes then start as built)")
 
 
 def _copy(obj: Any) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 from flwr.common import log
 
 from ...core.lips import LIPSCore
+from ...errors import ConfigError
 from ...persistence.checkpoint import (
     Checkpoint,
     check_writable,
@@ -42,10 +43,14 @@ from .core_state import checkpoint_of, continue_schedule, run_identity
 
 class CheckpointKeeper:
     """One strategy's checkpointing, with the checkpoint's lock for its run (``path`` ``None``: no
-    checkpoint, nothing to do; ``resume``: the strategy's option)."""
+    checkpoint, nothing to do; ``resume``, ``skip_undeclared``: the strategy's options ``resume`` and
+    ``skip_undeclared_state``)."""
 
-    def __init__(self, path: Any, resume: Any) -> None:
+    def __init__(self, path: Any, resume: Any, skip_undeclared: Any = False) -> None:
         self.path, self.resume = validate_resume(path, resume)
+        if not isinstance(skip_undeclared, bool):
+            raise ConfigError(f"`skip_undeclared_state` must be True or False, got {skip_undeclared!r}")
+        self.skip_undeclared = skip_undeclared
         self.saved_round: int | None = None  # the round of the file on disk, written or read
         self.seconds: float | None = None  # time of the last save, not yet reported
         self._chain = ChainRecord()  # the wrapped strategies' part
@@ -149,7 +154,8 @@ class CheckpointKeeper:
             elif self.identity is None:  # a checkpoint from before identities: this run's from now on
                 self.identity = run_identity(initial_model, checkpoint.settings, checkpoint.num_rounds)
         restore_state(owner, checkpoint.strategy, checkpoint.strategy_meta, to_state, from_state,
-                      model=checkpoint.model, unshaped=checkpoint.unshaped_state)
+                      model=checkpoint.model, unshaped=checkpoint.unshaped_state,
+                      skip_undeclared=self.skip_undeclared)
 
     def before_round(self) -> None:
         """Called first thing in each round's configure: restore the RNGs' state, once."""

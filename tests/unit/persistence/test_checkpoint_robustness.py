@@ -56,9 +56,10 @@ from lips_flwr.persistence.checkpoint import Checkpoint, load_checkpoint, save_c
 from lips_flwr.persistence.identity import model_fingerprint
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.resume.keeper import CheckpointKeeper
-from lips_flwr.strategies.resume.chain_state import ndarray_state
+from lips_flwr.strategies.codecs import MessageCodec
 
 REPO = Path(__file__).resolve().parents[3]
+ndarray_state = MessageCodec().to_arrays  # plain numpy state, as the strategies' codecs read it
 
 
 # ----- helpers: writers in other processes -----
@@ -86,7 +87,8 @@ if mode == "raw":  # save_checkpoint itself, no keeper: as two runs did before t
 else:  # a strategy's keeper: begin() at the start of the run, a save per round
     from lips_flwr.core.lips import LIPSCore
     from lips_flwr.strategies.resume.keeper import CheckpointKeeper
-    from lips_flwr.strategies.resume.chain_state import ndarray_state
+    from lips_flwr.strategies.codecs import MessageCodec
+    ndarray_state = MessageCodec().to_arrays
 
     class Owner:
         pass
@@ -409,14 +411,31 @@ def test_a_hostile_text_value_is_refused_before_round_1(tmp_path, task_identity,
 
 
 def test_each_restored_value_is_named_in_a_warning(tmp_path, task_identity, caplog):
+    """Issue 36 changed this test: it restored an undeclared setting (``2.FedAvgM.fraction_train``,
+    as a checkpoint written before the declared state held it) behind this warning. Only declared
+    state is restored now: that checkpoint is refused, or, with ``skip_undeclared_state=True``,
+    the setting is skipped and named in a warning of its own."""
     path = tmp_path / "lips.npz"
     crashed_checkpoint(path, MAKE[DP])
-    rewrite(path, lambda g, m: m["strategy_meta"]["scalars"].update({"2.FedAvgM.fraction_train": 0.25}))
+    rewrite(path, lambda g, m: m["strategy_meta"]["scalars"].update({NORM: 0.125}))
     with caplog.at_level(logging.WARNING):
         start(lambda: MAKE[DP](checkpoint_path=path, resume=True), tiny_model())
     restored = [r.getMessage() for r in caplog.records
                 if r.levelno == logging.WARNING and "restoring" in r.getMessage()]
-    assert restored and NORM in restored[0] and "2.FedAvgM.fraction_train = 0.25" in restored[0]
+    assert restored and f"{NORM} = 0.125" in restored[0]
+
+    crashed_checkpoint(path, MAKE[DP])
+    rewrite(path, lambda g, m: m["strategy_meta"]["scalars"].update({"2.FedAvgM.fraction_train": 0.25}))
+    refused_resume(path, MAKE[DP], r"holds 2\.FedAvgM\.fraction_train, which the wrapped strategies do not "
+                   r"declare.*FedAvgM\.lips_state.*skip_undeclared_state=True")
+    caplog.clear()
+    resumed = MAKE[DP](checkpoint_path=path, resume=True, skip_undeclared_state=True)
+    with caplog.at_level(logging.WARNING):
+        start(lambda: resumed, tiny_model())
+    assert resumed.strategy.strategy.fraction_train == 0.5  # as built
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 1 and "2.FedAvgM.fraction_train" in skipped[0]
+    assert not any("fraction_train" in r.getMessage() for r in caplog.records if "restoring" in r.getMessage())
 
 
 def test_deeply_nested_metadata_is_a_value_error(tmp_path):

@@ -120,6 +120,31 @@ def test_caches_of_inner_strategies_hold_the_masked_model(make_inner, attribute)
         np.testing.assert_array_equal(value, masked[name])
 
 
+class KeepsItsAggregate(FedAvg):
+    """Flower's FedAvg that remembers the Parameters it returned."""
+
+    def aggregate_fit(self, server_round, results, failures):
+        self.returned, metrics = super().aggregate_fit(server_round, results, failures)
+        return self.returned, metrics
+
+
+def test_a_mask_round_serializes_only_the_masked_layers():
+    """Issue 36: the broadcast Parameters hold the wrapped strategy's own bytes for every layer
+    the mask leaves alone (before, every layer was serialized again)."""
+    inner = KeepsItsAggregate()
+    strategy = LegacyLIPS(inner, param_names=NAMES, num_rounds=NUM_ROUNDS)
+    params = ndarrays_to_parameters(list(tiny_model().values()))
+    strategy.configure_fit(1, params, client_manager(3))
+    trained = client_models(tiny_model(), len(EXAMPLES), seed=1)
+    new, metrics = strategy.aggregate_fit(
+        1, [fit_result(m, n, cid=str(i)) for i, (m, n) in enumerate(zip(trained, EXAMPLES))], [])
+    masked = {name for name in NAMES if metrics.get(f"lips-zeros/{name}")}
+    assert masked and masked < set(NAMES)
+    for name, ours, theirs in zip(NAMES, new.tensors, inner.returned.tensors):
+        assert (ours is theirs) == (name not in masked), name
+    assert new.tensor_type == inner.returned.tensor_type
+
+
 @pytest.mark.parametrize(
     ("make_inner", "server_lr"),
     [

@@ -149,6 +149,48 @@ def test_cached_model_of_inner_strategy_is_the_masked_one(make_inner):
         np.testing.assert_array_equal(cache[name], masked[name])
 
 
+class MomentumKeeper(FedAvgM):
+    """Flower's FedAvgM that remembers the record it returned (its cache, before LIPS syncs it)."""
+
+    def aggregate_train(self, server_round, replies):
+        self.returned, metrics = super().aggregate_train(server_round, replies)
+        return self.returned, metrics
+
+
+def test_the_cache_sync_serializes_only_the_masked_layers():
+    """Issue 36: FedAvgM's cached model keeps its own Arrays for every layer the mask leaves alone
+    (before, the whole record was copied and serialized again)."""
+    inner = MomentumKeeper(server_momentum=0.9)
+    metrics = run_rounds(LIPS(inner, num_rounds=NUM_ROUNDS), num_rounds=1)[0][2]
+    masked = {name for name in inner.returned if metrics.get(f"lips-zeros/{name}")}
+    assert masked and inner.current_arrays is not inner.returned
+    for name, array in inner.current_arrays.items():  # (an ArrayRecord wraps its Arrays anew, bytes kept)
+        assert (array.data is inner.returned[name].data) == (name not in masked), name
+
+
+class CachingFedAvg(FedAvg):
+    """A strategy of one's own that builds on a copy of its aggregate, declared as a cached model."""
+
+    lips_cached_model = ("last_model",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_model: dict | None = None
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        self.last_model = to_numpy(arrays)
+        return arrays, metrics
+
+
+def test_a_declared_cached_model_of_ones_own_gets_the_zeros():
+    inner = CachingFedAvg()
+    masked = run_rounds(LIPS(inner, num_rounds=NUM_ROUNDS), num_rounds=1)[0][1]
+    assert any(np.count_nonzero(masked[n] == 0) for n in MIDDLE)
+    for name in masked:
+        np.testing.assert_array_equal(inner.last_model[name], masked[name])
+
+
 def test_fedavg_subclass_equals_wrapper():
     a = run_rounds(LIPS(FedAvg(), num_rounds=NUM_ROUNDS, tau0=0.3, every=2))
     b = run_rounds(LIPSFedAvg(num_rounds=NUM_ROUNDS, tau0=0.3, every=2))

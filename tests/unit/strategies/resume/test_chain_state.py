@@ -33,10 +33,12 @@ from flower_fakes import (
     to_numpy,
     to_record,
 )
+from lips_flwr.errors import ConfigError, ResultFileError
 from lips_flwr.persistence.checkpoint import load_checkpoint
 from lips_flwr.strategies import LIPS, LegacyLIPS
 from lips_flwr.strategies.chain import declared_state
 from lips_flwr.strategies.resume.chain_state import restore_state
+from test_resume import rewrite
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 CLIENTS, ROUNDS = 7, 3
@@ -229,9 +231,62 @@ def test_undeclared_bookkeeping_is_named_and_not_restored(tmp_path, caplog):
     assert "0.Bookkeeping.first_round" in caplog.text and "leaves out" in caplog.text
     resumed = Bookkeeping(message.FedAvg(), checkpoint_path=path, resume=True, **LIPS_KW)
     checkpoint = resumed._lips_keeper.begin(resumed, resumed.core)
-    resumed._lips_keeper.restore(resumed, checkpoint, None, resumed._to_state, resumed._from_state)
+    codec = resumed._lips_codec
+    resumed._lips_keeper.restore(resumed, checkpoint, None, codec.to_arrays, codec.from_arrays)
     assert resumed.first_round is None  # a resumed run's bookkeeping is its own
     np.testing.assert_array_equal(list(checkpoint.model), NAMES)
+
+
+class Sub(message.FedAvg):
+    """A FedAvg subclass with a counter it does not declare (the issue-36 example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds_seen = 0
+
+    def aggregate_train(self, server_round, replies):
+        self.rounds_seen += 1
+        return super().aggregate_train(server_round, replies)
+
+
+def old_format_checkpoint(path) -> None:
+    """A checkpoint as the format before fc635bc wrote it: the undeclared counter among its values."""
+    run_message(LIPS(Sub(), checkpoint_path=path, **LIPS_KW), path)
+    rewrite(path, lambda groups, meta: meta["strategy_meta"]["scalars"].update({"1.Sub.rounds_seen": 7}))
+
+
+def resume_chain(path, **options):
+    resumed = LIPS(Sub(), checkpoint_path=path, resume=True, **LIPS_KW, **options)
+    checkpoint = resumed._lips_keeper.begin(resumed, resumed.core)
+    codec = resumed._lips_codec
+    try:
+        resumed._lips_keeper.restore(resumed, checkpoint, None, codec.to_arrays, codec.from_arrays)
+    finally:
+        resumed._lips_keeper.release()
+    return resumed
+
+
+def test_undeclared_state_of_an_old_checkpoint_is_refused_or_skipped_never_restored(tmp_path, caplog):
+    """Before: ``1.Sub.rounds_seen = 7`` was restored behind one WARNING, as any attribute the live
+    strategy has. Only declared state is restored: the rest is an error naming the keys and the
+    ``lips_state`` fix, or, with ``skip_undeclared_state=True``, skipped with a WARNING."""
+    path = tmp_path / "lips.npz"
+    old_format_checkpoint(path)
+    with pytest.raises(ResultFileError, match=r"holds 1\.Sub\.rounds_seen, which the wrapped strategies do "
+                       r"not declare.*Sub\.lips_state = \(\"attr\", \.\.\.\).*skip_undeclared_state=True"):
+        resume_chain(path)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resumed = resume_chain(path, skip_undeclared_state=True)
+    assert resumed.strategy.rounds_seen == 0  # as built
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 1 and "1.Sub.rounds_seen" in skipped[0]
+    assert "restoring values" not in caplog.text
+
+
+def test_skip_undeclared_state_is_a_bool():
+    with pytest.raises(ConfigError, match="`skip_undeclared_state` must be True or False, got 'yes'"):
+        LIPS(Sub(), skip_undeclared_state="yes", **LIPS_KW)
 
 
 class LedgerFedAvg(message.FedAvg):
@@ -254,9 +309,9 @@ def test_a_state_its_object_refuses_sets_nothing():
     owner.strategy.other = Ledger()
     for objects in ({"1.LedgerFedAvg.ledger": {"x": 1}}, {**good, "1.LedgerFedAvg.other": {"x": 1}}):
         with pytest.raises(ValueError, match=r"cannot restore '1.LedgerFedAvg.(ledger|other)'.*not a ledger"):
-            restore_state(owner, arrays, {**meta, "objects": objects}, owner._to_state, owner._from_state,
+            restore_state(owner, arrays, {**meta, "objects": objects}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays,
                           model=tiny_model())
         assert (owner.strategy.seen, owner.strategy.kept, owner.strategy.ledger.events) == (0, None, [])
-    restore_state(owner, arrays, {**meta, "objects": good}, owner._to_state, owner._from_state, model=tiny_model())
+    restore_state(owner, arrays, {**meta, "objects": good}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays, model=tiny_model())
     assert (owner.strategy.seen, owner.strategy.ledger.events) == (5, [1, 2])
     assert list(owner.strategy.kept) == NAMES

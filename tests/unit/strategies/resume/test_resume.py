@@ -320,6 +320,30 @@ def test_legacy_api_resume_ends_where_the_uninterrupted_run_ends(tmp_path, inner
         r: v for r, v in masks.items() if r >= CRASH_AT}
 
 
+def test_legacy_list_state_saved_by_position_still_resumes(tmp_path):
+    """Before issue 36 a legacy strategy's list state (FedAdam's moments and model) was saved by
+    position, its Parameters by ``param_names``; both are the model's names now. A checkpoint
+    written the old way resumes to the same end."""
+    path = tmp_path / "lips.npz"
+    whole = run_legacy("FedAdam")[0]
+    with pytest.raises(Crash):
+        run_legacy("FedAdam", crash_at=CRASH_AT, checkpoint_path=path)
+    lists = ["1.FedAdam.current_weights", "1.FedAdam.m_t", "1.FedAdam.v_t"]
+    saved = load_checkpoint(path).strategy
+    assert all(saved[key][0] == "list" and list(saved[key][1]) == NAMES for key in lists)
+
+    def by_position(groups, meta):
+        for key in lists:
+            groups[f"strategy-{key}"] = {str(i): a for i, a in enumerate(groups[f"strategy-{key}"].values())}
+
+    rewrite(path, by_position)
+    assert all(list(load_checkpoint(path).strategy[key][1]) == [str(i) for i in range(len(NAMES))]
+               for key in lists)
+    model = run_legacy("FedAdam", seed=12345, checkpoint_path=path, resume=True)[0]
+    for name, array in whole.items():
+        np.testing.assert_array_equal(model[name], array, err_msg=name)
+
+
 def test_legacy_api_refuses_to_run_past_the_schedule_after_resuming(tmp_path):
     path = tmp_path / "lips.npz"
     with pytest.raises(Crash):
