@@ -49,7 +49,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from .runs import PreparedRun, RunSpec, legacy_run_config, prepare
+from .runs import PreparedRun, RunSpec, identity_now, legacy_run_config, prepare, staged_code_changes
 from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty
 
 Progress = Callable[[str], None]
@@ -91,7 +91,7 @@ def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> li
             differing = [str(err)]
         else:
             if found.identity is not None:
-                differing = differences(found.identity, job.identity)
+                differing = differences(found.identity, identity_now(job, found.identity))
             else:
                 embedded = legacy_run_config(found.run_config, job.spec.location_keys)
                 differing = differences({"run_config": embedded}, {"run_config": job.identity["run_config"]})
@@ -120,10 +120,12 @@ def claim_staging(job: PreparedRun, progress: Progress) -> bool:
             saved = json.loads((job.staging / "identity.json").read_text())
         except (OSError, ValueError):
             saved = None
-        if saved == identity and job.resumable:
+        changed = staged_code_changes(job) if saved == identity else []
+        if saved == identity and job.resumable and not changed:
             progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
             return True
-        why = "the app cannot resume" if saved == identity else "it holds a run with another identity"
+        why = "it holds a run with another identity" if saved != identity else (
+            f"the app's code it ran changed: {', '.join(changed)}" if changed else "the app cannot resume")
         progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
         shutil.rmtree(job.staging)
     job.staging.mkdir(parents=True)

@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Message, MessageType
 
 from ..results import write_json_atomic
-from .apps import app_digest
+from .apps import app_digest, loaded_modules, with_modules
 from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
-from .runs import LIPS_OFF, PreparedRun
+from .runs import LIPS_OFF, MODULES, PreparedRun
 from .store import write_result
 from .sweep import STOPPED_EXIT
 
@@ -163,6 +163,8 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     with forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext() as forcing:
         server_app, client_app = import_components(job.app)
         check_code(job)
+        imported = loaded_modules(job.app)  # (their code as imported, whatever is edited during the run)
+        write_json_atomic(job.staging / MODULES, imported)  # (a stopped run's code, for claim_staging)
         watcher = LipsOffCheck(observer, forcing) if forcing is not None else observer
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
                     engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=watcher,
@@ -173,7 +175,8 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
     if earlier:
         record["earlier_segments"] = earlier
-    write_result(job.result, job.identity, record, {**observer.record(), "first_error": observer.first_error},
+    identity = with_modules(job.identity, {**loaded_modules(job.app), **imported})
+    write_result(job.result, identity, record, {**observer.record(), "first_error": observer.first_error},
                  _app_record(job))
 
 
