@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import time
 from collections import Counter
@@ -76,7 +77,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error, round_of
+from lips_flwr.errors import ConfigError
+from lips_flwr.experiments.batched.calls import (
+    ThreadCall,
+    nodes_awaited,
+    received_copy,
+    reply_or_error,
+    round_of,
+)
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
@@ -185,6 +193,17 @@ class BatchedGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
+        """The nodes; ``ConfigError`` when a strategy asks to wait for more (:func:`~.calls.nodes_awaited`).
+
+        This Grid's nodes are all there from its start and never more: a
+        strategy waiting for more would wait forever.
+        """
+        awaited = nodes_awaited(sys._getframe(1))
+        if awaited is not None and awaited > len(self.contexts):
+            raise ConfigError(
+                f"the strategy waits for {awaited} nodes (its min_available_nodes, or the nodes it samples), "
+                f"but this run has {len(self.contexts)} (num_nodes, --num-supernodes): it would wait "
+                f"forever; run it with {awaited} nodes or more, or lower the strategy's min_available_nodes")
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
