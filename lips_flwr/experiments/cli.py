@@ -16,6 +16,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .runner.stall import DEFAULT_STALL_TIMEOUT
+
 EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
 
 
@@ -43,6 +45,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float | None:
+    """``--stall-timeout``: seconds > 0, or ``0`` for no limit (``None``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}")
+    return value or None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="lips-flwr", description="lips-flwr's experiment tools")
     commands = top.add_subparsers(dest="command", required=True)
@@ -66,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
     compare.add_argument("--jobs", type=_positive, default=1, help="runs at once, each in its own process")
+    compare.add_argument("--stall-timeout", type=_seconds, default=DEFAULT_STALL_TIMEOUT, metavar="SECONDS",
+                         help="a run in which no round and no client call ends for this long fails, with the "
+                              f"end of its log (default {DEFAULT_STALL_TIMEOUT:.0f}; 0: no limit)")
     compare.add_argument("--recompute", action="store_true",
                          help="run again (and replace) result files computed with other settings")
     compare.add_argument("--out", type=Path, required=True, help="results: DIR/runs, summary.json, report.md")
@@ -89,7 +105,7 @@ def compare_main(args: argparse.Namespace) -> int:
         comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
                                 num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
-                              progress=lambda line: print(line, flush=True))
+                              progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout)
     except SweepFailed as err:
         print(f"lips-flwr compare: a run failed:\n{err}", file=sys.stderr)
         return 1

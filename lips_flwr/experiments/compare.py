@@ -36,6 +36,7 @@ import numpy as np
 
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
+from .runner.stall import DEFAULT_STALL_TIMEOUT
 from .runner.store import Result, read_result
 from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
@@ -204,13 +205,18 @@ def _provenance(results: dict[str, Result]) -> dict[str, Any]:
 
 
 def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,
-                progress: Callable[[str], None] = print) -> dict:
-    """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``."""
+                progress: Callable[[str], None] = print,
+                stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> dict:
+    """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``.
+
+    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`.runner.stall`).
+    """
     from .compare_report import write_report
 
     out = Path(out).resolve()
     specs = comparison.specs()
-    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress,
+                      stall_timeout=stall_timeout)
     results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
     summary = summarize(comparison, results)
     write_report(comparison, summary, results, out)

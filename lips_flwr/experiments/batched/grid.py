@@ -135,6 +135,9 @@ class BatchedGrid(Grid):
         A non-negative int: every client call runs with the process-wide
         generators seeded for it, and the caller's generators kept (see
         :meth:`call_seed`); ``None``: the generators are left alone.
+    on_call : callable or None (default: None)
+        Called with no argument as each client call ends, in the thread that
+        ran it: a heartbeat for a watcher of the run (the runner's stall timeout).
     """
 
     def __init__(
@@ -149,6 +152,7 @@ class BatchedGrid(Grid):
         run_id: int = 1,
         observer: GridObserver | None = None,
         seed: int | None = None,
+        on_call: Callable[[], None] | None = None,
     ) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"`seed` must be None or an integer >= 0, got {seed!r}")
@@ -162,7 +166,7 @@ class BatchedGrid(Grid):
         if engine == "auto":
             engine = "stacked" if torch.cuda.is_available() else "sequential"
         self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
-        self.autocast, self.observer, self.seed = autocast, observer, seed
+        self.autocast, self.observer, self.seed, self.on_call = autocast, observer, seed, on_call
         self._calls_made: Counter[tuple[int, str]] = Counter()  # (node, message type base): calls so far
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config)
@@ -270,6 +274,8 @@ class BatchedGrid(Grid):
             seed_globals(seed)
         reply = reply_or_error(self.client_app, received, context)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
+        if self.on_call is not None:
+            self.on_call()
         return reply
 
     def _deliver(self, timeout: float | None) -> None:
@@ -368,6 +374,7 @@ def run_batched(
     run_id: int = 1,
     observer: GridObserver | None = None,
     seed: int | None = None,
+    on_call: Callable[[], None] | None = None,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
 
@@ -376,13 +383,13 @@ def run_batched(
     (its nodes' contexts, the time spent in clients). An exception of the
     ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
 
-    ``observer`` and ``seed``: see :class:`BatchedGrid`; with ``seed``, the
+    ``observer``, ``seed`` and ``on_call``: see :class:`BatchedGrid`; with ``seed``, the
     process-wide generators are also seeded from ``derive_seed(seed, 0)``
     right before the ServerApp is called.
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
                        chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
-                       seed=seed)
+                       seed=seed, on_call=on_call)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):

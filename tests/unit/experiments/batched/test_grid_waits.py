@@ -100,3 +100,11 @@ def test_a_legacy_strategy_waiting_for_more_clients_fails_at_once_naming_both():
 
 def test_a_legacy_strategy_with_enough_nodes_runs():
     assert run(legacy_server(min_available_clients=3), num_nodes=3) is None
+
+
+def test_on_call_is_told_as_each_client_call_ends():
+    """The runner's stall timeout hears of a run's progress through it, call by call."""
+    calls: list[int] = []
+    run_batched(server(), client(), run_config={}, num_nodes=3, engine="sequential", seed=0,
+                on_call=lambda: calls.append(1))
+    assert len(calls) == 6  # one round: 3 train calls, 3 evaluate calls
