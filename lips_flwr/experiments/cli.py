@@ -73,7 +73,9 @@ def parser() -> argparse.ArgumentParser:
                          help="overrides for both arms; a .toml file's [federation] num-supernodes is the "
                               "default node count")
     compare.add_argument("--num-supernodes", type=_positive, default=None,
-                         help="nodes (default: the --run-config file's [federation] value, else 10)")
+                         help="nodes (default: the --run-config file's [federation] value, else what "
+                              "`flwr run` would use: the app's federation, your Flower config's, else "
+                              "Flower's default, 2)")
     compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
     compare.add_argument("--last", type=_positive, default=None,
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
@@ -94,16 +96,19 @@ def missing_extras() -> list[str]:
 
 def compare_main(args: argparse.Namespace) -> int:
     from .compare import Comparison, run_compare
-    from .runner.apps import num_supernodes, parse_overrides
+    from .runner.apps import parse_overrides
+    from .runner.federation import node_count
     from .runner.sweep import SweepFailed
 
     try:
         common, federation = parse_overrides(args.run_config)
         a, _ = parse_overrides(args.a)
         b, _ = parse_overrides(args.b)
-        nodes = args.num_supernodes if args.num_supernodes is not None else num_supernodes(federation)
+        nodes = node_count(args.app, args.num_supernodes, federation)
+        print(f"lips-flwr compare: {nodes}", flush=True)
         comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
-                                num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine)
+                                num_nodes=nodes.nodes, metric=args.metric, last=args.last, engine=args.engine,
+                                num_nodes_from=nodes.source)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
                               progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout)
     except SweepFailed as err:

@@ -57,6 +57,7 @@ class Comparison:
     metric: str | None = None
     last: int | None = None
     engine: str = "auto"
+    num_nodes_from: str | None = None  # where the node count came from, in words (the CLI's; None: given)
 
     @property
     def lips_off(self) -> bool:
@@ -163,6 +164,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
         "run_config": comparison.run_config, "num_nodes": comparison.num_nodes,
+        "num_nodes_from": comparison.num_nodes_from,
         "engine": first.identity["engine"] if first.identity else None,
         "endpoint_a": a, "endpoint_b": b, "differences": diffs, "n": len(diffs),
         "diff_mean": float(np.mean(diffs)),
