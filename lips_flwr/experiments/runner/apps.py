@@ -36,6 +36,7 @@ from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
 from .provenance import PACKAGE, tree_digest
 
 CACHE_PARTS = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+MAIN_MODULES = ("__main__", "__mp_main__")  # the process's script (a sweep's), not the app's code
 SKIPPED_PARTS = ("site-packages", "dist-packages", "__pycache__")  # installed code, caches: not the app's
 
 
@@ -208,9 +209,12 @@ def loaded_modules(app: FlowerApp) -> dict[str, str]:
     sibling ``helpers.py``; see :func:`_app_file` for what is left out): read
     by a run's process after the run's imports, recorded in its result's
     identity (``app.modules``) and checked whenever the result is reused
-    (:func:`module_digests`).
+    (:func:`module_digests`). The process's main module is not the app's: a
+    sweep script in the App folder (the paper's ``study.py``) is imported
+    again, as ``__mp_main__``, by each run process it spawns.
     """
-    files = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+    files = [getattr(module, "__file__", None) for name, module in list(sys.modules.items())
+             if name not in MAIN_MODULES]
     return _digests(app.folder.resolve(), [Path(name) for name in files if isinstance(name, str)])
 
 

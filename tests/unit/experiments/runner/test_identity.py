@@ -19,6 +19,7 @@ from lips_flwr.experiments.runner.apps import (
     code_content,
     folder_modules,
     load_app,
+    loaded_modules,
     module_digests,
     planned_identity,
     with_modules,
@@ -190,3 +191,18 @@ def test_a_run_process_leaves_the_modules_it_imported_in_its_staging_folder(tmp_
     staged = json.loads((out / ".staging" / "stopped" / MODULES).read_text())
     assert staged == module_digests(load_app(app), ["tinyapp/__init__.py", "tinyapp/client_app.py",
                                                     "tinyapp/server_app.py"])
+
+
+def test_a_sweep_script_in_the_app_folder_is_not_the_apps_code(tmp_path, monkeypatch):
+    """A run process spawned by ``examples/paper/study.py`` imports that script again as ``__mp_main__``."""
+    import sys
+    import types
+
+    app = load_app(helpers_app(tmp_path / "app"))
+    script = app.folder / "study.py"
+    script.write_text("print('a sweep script')\n")
+    for name in ("__mp_main__", "tiny_helper_module"):
+        module = types.ModuleType(name)
+        module.__file__ = str(script if name == "__mp_main__" else app.folder / "helpers.py")
+        monkeypatch.setitem(sys.modules, name, module)
+    assert sorted(loaded_modules(app)) == ["helpers.py"]
