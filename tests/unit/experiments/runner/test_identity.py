@@ -150,6 +150,10 @@ def test_a_staging_folder_whose_run_wrote_its_result_is_pruned(tmp_path):
 
 def test_run_names_and_the_code_identity_are_spelled_once():
     assert run_name("b", 3) == "b-seed3" and run_name("conf/lips", 0) == "conf/lips-seed0"
+    root = PACKAGE.parent
+    spelled = [str(path.relative_to(root)) for folder in (PACKAGE, root / "examples")
+               for path in folder.rglob("*.py") if "-seed{" in path.read_text()]
+    assert spelled == ["lips_flwr/experiments/runner/runs.py"]  # every other place calls run_name
     import hashlib
 
     digest = hashlib.sha256()  # the code identity as it was computed before tree_digest: unchanged
