@@ -12,6 +12,11 @@ declare is an error, and a value keeps the type it was given (``flwr run
 --run-config lr=1`` gives the app the int ``1`` even where the default is
 ``0.5``: measured under flwr 1.42, whose SuperLink fuses without converting).
 
+The app's digest (:func:`app_digest`) and the digests of the modules a run
+loaded from the folder (:func:`loaded_modules`) are of the code, not the
+bytes (:func:`code_content`), under paths relative to the folder: they are
+part of a run's identity (:mod:`.runs`).
+
 Overrides come as ``flwr run --run-config`` takes them: ``KEY=VALUE``
 strings whose values are TOML (``dataset='digits' lr=0.1``), or the path of
 a TOML file. A file's ``[federation]`` table (our examples' conf files have
@@ -226,11 +231,16 @@ def folder_modules(app: FlowerApp) -> dict[str, str]:
 
 
 def module_digests(app: FlowerApp, names: Iterable[str]) -> dict[str, str | None]:
-    """The code digest now (as :func:`loaded_modules` takes it) of each file of ``names`` (``None``: gone)."""
+    """The code digest now (as :func:`loaded_modules` takes it) of each file of ``names``.
+
+    ``None`` for a file that is gone, or that a damaged result names outside the App folder.
+    """
+    folder = app.folder.resolve()
     out: dict[str, str | None] = {}
     for name in names:
-        path = app.folder / name
-        out[name] = hashlib.sha256(code_content(path)).hexdigest() if path.is_file() else None
+        path = (folder / name).resolve()
+        inside = folder in path.parents and path.is_file()
+        out[name] = hashlib.sha256(code_content(path)).hexdigest() if inside else None
     return out
 
 
