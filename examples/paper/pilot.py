@@ -42,6 +42,7 @@ from lips_flwr.core.schedule import MaskSchedule  # noqa: E402
 from lips_flwr.core.trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger  # noqa: E402
 from lips_flwr.experiments.runner import RunSpec, run_sweep  # noqa: E402
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runner.runs import run_name  # noqa: E402
 
 OUT = APP.parents[1] / "docs" / "results" / "pilot"
 BASE = "fedbn"  # the pilot runs FedBN only
@@ -290,7 +291,7 @@ def run_specs(cells: tuple[str, ...] = CELLS, seeds: tuple[int, ...] = SEEDS,
     for cell in cells:
         values, federation = parse_overrides([str(APP / "conf" / f"pilot-{cell}.toml")])
         for seed in seeds:
-            specs.append(RunSpec(APP, f"{cell}/{BASE}-seed{seed}", seed, {**values, "algorithm": BASE},
+            specs.append(RunSpec(APP, run_name(f"{cell}/{BASE}", seed), seed, {**values, "algorithm": BASE},
                                  num_nodes=num_supernodes(federation), engine=engine,
                                  location_keys=("dataset-path",)))
     return specs

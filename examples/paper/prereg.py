@@ -36,7 +36,7 @@ from plot import mask_rounds  # noqa: E402
 
 from lips_flwr.experiments import stats  # noqa: E402
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec, run_name  # noqa: E402
 from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result  # noqa: E402
 from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
@@ -81,7 +81,8 @@ def run_specs(regime: str, engine: str, seeds: tuple[int, ...], overrides: list[
         nodes = num_nodes or num_supernodes(federation)
         for seed in seeds:
             for method in methods:
-                specs.append(RunSpec(APP, f"{conf_name}/{method}-seed{seed}", seed, {**values, "algorithm": method},
+                specs.append(RunSpec(APP, run_name(f"{conf_name}/{method}", seed), seed,
+                                     {**values, "algorithm": method},
                                      num_nodes=nodes, engine=engine, env=RUN_ENV[regime],
                                      location_keys=("dataset-path",)))
     return specs

@@ -37,6 +37,7 @@ from setbacks import SECONDARY_THRESHOLD, THRESHOLD, count_regime, regime_lines 
 
 from lips_flwr.experiments.runner import RunSpec, run_sweep  # noqa: E402
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
+from lips_flwr.experiments.runner.runs import run_name  # noqa: E402
 from lips_flwr.experiments.runner.sweep import SweepFailed  # noqa: E402
 from lips_flwr.experiments.stats import holm, paired, verdict  # noqa: E402
 
@@ -62,7 +63,7 @@ def run_specs(seeds: tuple[int, ...] = SEEDS, engine: str = "auto") -> list[RunS
     if unknown:
         raise SystemExit(f"seeds {unknown} are not the study's; RESNET8.md fixes {list(SEEDS)}")
     values, federation = parse_overrides([str(CONF)])
-    return [RunSpec(APP, f"{arm}-seed{seed}", seed, {**values, "algorithm": arm},
+    return [RunSpec(APP, run_name(arm, seed), seed, {**values, "algorithm": arm},
                     num_nodes=num_supernodes(federation), engine=engine, env=ONE_THREAD,
                     location_keys=("dataset-path",))
             for seed in seeds for arm in ARMS]
@@ -119,7 +120,7 @@ def d_mid(data: dict) -> float | None:
 
 def missing_runs(runs: dict) -> list[str]:
     """The study's runs without a result file, as ``<arm>-seed<k>``."""
-    return [f"{arm}-seed{seed}" for seed in SEEDS for arm in ARMS if seed not in runs.get(arm, {})]
+    return [run_name(arm, seed) for seed in SEEDS for arm in ARMS if seed not in runs.get(arm, {})]
 
 
 def analyse(folder: Path) -> dict:

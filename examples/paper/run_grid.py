@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plot import plot_accuracy  # noqa: E402
 
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec, run_name  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result  # noqa: E402
 from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 
@@ -51,7 +51,7 @@ def grid_specs(confs: list[Path], algorithms: list[str], seeds: list[int], overr
         nodes = num_nodes or num_supernodes(federation)
         for seed in seeds:
             for algorithm in algorithms:
-                specs.append(RunSpec(APP, f"{conf.stem}/{algorithm}-seed{seed}", seed,
+                specs.append(RunSpec(APP, run_name(f"{conf.stem}/{algorithm}", seed), seed,
                                      {**values, "algorithm": algorithm}, num_nodes=nodes, engine=engine, **options))
     return specs
 

@@ -35,7 +35,7 @@ from plot import plot_accuracy, plot_heatmap  # noqa: E402
 from run_grid import APP, table  # noqa: E402
 
 from lips_flwr.experiments.runner.apps import num_supernodes, parse_overrides  # noqa: E402
-from lips_flwr.experiments.runner.runs import RunSpec  # noqa: E402
+from lips_flwr.experiments.runner.runs import RunSpec, run_name  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result  # noqa: E402
 from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep  # noqa: E402
 
@@ -73,7 +73,7 @@ def selection_specs(conf: dict, nodes: int, seed: int, engine: str, **options) -
 def evaluation_specs(conf: dict, nodes: int, seeds: list[int], selected: dict, engine: str,
                      **options) -> list[RunSpec]:
     """Each method with its selected setting on each evaluation seed (``<method>-seed<k>``)."""
-    return [RunSpec(APP, f"{method}-seed{seed}", seed,
+    return [RunSpec(APP, run_name(method, seed), seed,
                     {**conf, **selected.get(method, {}).get("setting", {}), "algorithm": method},
                     num_nodes=nodes, engine=engine, **options)
             for seed in seeds for method in METHODS]

@@ -16,6 +16,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .runner.stall import DEFAULT_STALL_TIMEOUT
+
 EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
 
 
@@ -43,6 +45,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float | None:
+    """``--stall-timeout``: seconds > 0, or ``0`` for no limit (``None``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a number of seconds >= 0, got {text!r}")
+    return value or None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="lips-flwr", description="lips-flwr's experiment tools")
     commands = top.add_subparsers(dest="command", required=True)
@@ -60,12 +73,17 @@ def parser() -> argparse.ArgumentParser:
                          help="overrides for both arms; a .toml file's [federation] num-supernodes is the "
                               "default node count")
     compare.add_argument("--num-supernodes", type=_positive, default=None,
-                         help="nodes (default: the --run-config file's [federation] value, else 10)")
+                         help="nodes (default: the --run-config file's [federation] value, else what "
+                              "`flwr run` would use: the app's federation, your Flower config's, else "
+                              "Flower's default, 2)")
     compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
     compare.add_argument("--last", type=_positive, default=None,
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
     compare.add_argument("--jobs", type=_positive, default=1, help="runs at once, each in its own process")
+    compare.add_argument("--stall-timeout", type=_seconds, default=DEFAULT_STALL_TIMEOUT, metavar="SECONDS",
+                         help="a run in which no round and no client call ends for this long fails, with the "
+                              f"end of its log (default {DEFAULT_STALL_TIMEOUT:.0f}; 0: no limit)")
     compare.add_argument("--recompute", action="store_true",
                          help="run again (and replace) result files computed with other settings")
     compare.add_argument("--out", type=Path, required=True, help="results: DIR/runs, summary.json, report.md")
@@ -78,18 +96,21 @@ def missing_extras() -> list[str]:
 
 def compare_main(args: argparse.Namespace) -> int:
     from .compare import Comparison, run_compare
-    from .runner.apps import num_supernodes, parse_overrides
+    from .runner.apps import parse_overrides
+    from .runner.federation import node_count
     from .runner.sweep import SweepFailed
 
     try:
         common, federation = parse_overrides(args.run_config)
         a, _ = parse_overrides(args.a)
         b, _ = parse_overrides(args.b)
-        nodes = args.num_supernodes if args.num_supernodes is not None else num_supernodes(federation)
+        nodes = node_count(args.app, args.num_supernodes, federation)
+        print(f"lips-flwr compare: {nodes}", flush=True)
         comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
-                                num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine)
+                                num_nodes=nodes.nodes, metric=args.metric, last=args.last, engine=args.engine,
+                                num_nodes_from=nodes.source)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
-                              progress=lambda line: print(line, flush=True))
+                              progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout)
     except SweepFailed as err:
         print(f"lips-flwr compare: a run failed:\n{err}", file=sys.stderr)
         return 1

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from .runner.provenance import git_state, now_utc, same_environment, versions
-from .runner.runs import LIPS_OFF, RunSpec
+from .runner.runs import LIPS_OFF, RunSpec, run_name
+from .runner.stall import DEFAULT_STALL_TIMEOUT
 from .runner.store import Result, read_result
 from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
@@ -56,6 +57,7 @@ class Comparison:
     metric: str | None = None
     last: int | None = None
     engine: str = "auto"
+    num_nodes_from: str | None = None  # where the node count came from, in words (the CLI's; None: given)
 
     @property
     def lips_off(self) -> bool:
@@ -72,7 +74,7 @@ class Comparison:
         out = []
         for seed in self.seeds:
             for arm, overrides in (("a", self.a), ("b", self.b)):
-                out.append(RunSpec(self.app, f"{arm}-seed{seed}", seed, {**self.run_config, **overrides},
+                out.append(RunSpec(self.app, run_name(arm, seed), seed, {**self.run_config, **overrides},
                                    num_nodes=self.num_nodes, engine=self.engine,
                                    lips_off=self.lips_off and arm == "a", require_evaluate=True))
         return out
@@ -142,7 +144,7 @@ def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
 
 def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     """``summary.json``'s content from the runs' result files (see the module docstring)."""
-    first = results[f"a-seed{comparison.seeds[0]}"]
+    first = results[run_name("a", comparison.seeds[0])]
     metric = comparison.metric or default_metric(first)
     series = {name: evaluate_series(result, metric) for name, result in results.items()}
     empty = sorted(name for name, s in series.items() if not s)
@@ -153,8 +155,8 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     last = comparison.last if comparison.last is not None else min(DEFAULT_LAST, shortest)
     if not 1 <= last <= shortest:
         raise ValueError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
-    a = [endpoint(series[f"a-seed{s}"], last) for s in comparison.seeds]
-    b = [endpoint(series[f"b-seed{s}"], last) for s in comparison.seeds]
+    a = [endpoint(series[run_name("a", s)], last) for s in comparison.seeds]
+    b = [endpoint(series[run_name("b", s)], last) for s in comparison.seeds]
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
         "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "last": last,
@@ -162,6 +164,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
         "run_config": comparison.run_config, "num_nodes": comparison.num_nodes,
+        "num_nodes_from": comparison.num_nodes_from,
         "engine": first.identity["engine"] if first.identity else None,
         "endpoint_a": a, "endpoint_b": b, "differences": diffs, "n": len(diffs),
         "diff_mean": float(np.mean(diffs)),
@@ -175,10 +178,11 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     else:
         summary.update(ci95=None, p_t=None, p_sign=None, sd=None, wins=int(diffs[0] > 0),
                        losses=int(diffs[0] < 0), verdict="no test (one seed)")
-    summary["inertia_a"] = _inertia([results[f"a-seed{s}"] for s in comparison.seeds])
+    summary["inertia_a"] = _inertia([results[run_name("a", s)] for s in comparison.seeds])
     summary["environments"] = []
     for s in comparison.seeds:
-        same, differing = same_environment(results[f"a-seed{s}"].provenance, results[f"b-seed{s}"].provenance)
+        a_run, b_run = results[run_name("a", s)], results[run_name("b", s)]
+        same, differing = same_environment(a_run.provenance, b_run.provenance)
         summary["environments"].append({"seed": s, "same": same, "differing": differing})
     summary["error_replies"] = _errors(results)
     summary["provenance"] = _provenance(results)
@@ -204,13 +208,18 @@ def _provenance(results: dict[str, Result]) -> dict[str, Any]:
 
 
 def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,
-                progress: Callable[[str], None] = print) -> dict:
-    """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``."""
+                progress: Callable[[str], None] = print,
+                stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> dict:
+    """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``.
+
+    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`.runner.stall`).
+    """
     from .compare_report import write_report
 
     out = Path(out).resolve()
     specs = comparison.specs()
-    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress,
+                      stall_timeout=stall_timeout)
     results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
     summary = summarize(comparison, results)
     write_report(comparison, summary, results, out)

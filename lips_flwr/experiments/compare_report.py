@@ -17,6 +17,7 @@ import numpy as np
 
 from .compare import Comparison, evaluate_series, layer_groups, relative_steps
 from .results import write_json_atomic
+from .runner.runs import run_name
 from .runner.store import Result
 
 
@@ -111,7 +112,7 @@ def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
     plt = _pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     for color, arm in (("C0", "a"), ("C3", "b")):
-        curves = [evaluate_series(results[f"{arm}-seed{s}"], summary["metric"]) for s in summary["seeds"]]
+        curves = [evaluate_series(results[run_name(arm, s)], summary["metric"]) for s in summary["seeds"]]
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         values = np.array([[c[r] for r in rounds] for c in curves])
         for row in values:
@@ -137,7 +138,7 @@ def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
 
 def plot_inertia(summary: dict, results: dict[str, Result], path: Path) -> Path:
     plt = _pyplot()
-    runs = [results[f"a-seed{s}"] for s in summary["seeds"]]
+    runs = [results[run_name("a", s)] for s in summary["seeds"]]
     layers, middle = layer_groups(runs[0])
     steps = [relative_steps(r) for r in runs]
     rounds = sorted({t for s in steps for series in s.values() for t in series})

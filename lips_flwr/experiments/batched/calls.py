@@ -14,6 +14,11 @@ in time and leaves the other nodes out. :class:`ThreadCall` runs one call in
 a thread of its own, so that the Grid can stop waiting for it; the call goes
 on, and its reply, when it comes, is discarded.
 
+:func:`nodes_awaited` tells the Grid when a strategy asks for its nodes in
+order to wait until ``min_available_nodes`` are connected (Flower's
+strategies ask again each second, without end): the batched Grid's nodes
+never change, so a wait for more than it has would never end.
+
 :func:`round_of` says which server round a message belongs to, for the seed
 of the call that answers it and for the runner's observations alike.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable
+from types import FrameType
 from typing import Generic, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -33,6 +39,31 @@ T = TypeVar("T")
 CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
 CLIENT_APP_CRASHED = 8  # flwr.common.constant.ErrorCode
 CRASHED = "ClientApp stopped responding."  # the SuperNode's reason for CLIENT_APP_CRASHED
+
+
+def nodes_awaited(frame: FrameType | None) -> int | None:
+    """How many nodes the Flower code in ``frame`` waits for, when it asks the Grid for its nodes to wait.
+
+    Message API: ``sample_nodes(grid, min_available_nodes, sample_size)``
+    waits for ``max(min_available_nodes, sample_size)`` (its local, raised
+    to that before the wait). Legacy API: the client manager's ``sample``,
+    wrapped by Flower's compat layer to ask the Grid first, waits for
+    ``min_num_clients`` (else ``num_clients``). ``None`` for any other caller.
+    """
+    if frame is None:
+        return None
+    names = frame.f_locals
+    if frame.f_code.co_name == "sample_nodes" and isinstance(names.get("min_available_nodes"), int):
+        return int(names["min_available_nodes"])
+    wrapper = frame.f_back if frame.f_code.co_name == "update_registered_nodes" else None
+    wrapped = getattr(wrapper.f_locals.get("original_method"), "__name__", None) if wrapper else None
+    if wrapper is None or wrapper.f_code.co_name != "wrapped_method" or wrapped != "sample":
+        return None
+    args, kwargs = wrapper.f_locals.get("args", ()), wrapper.f_locals.get("kwargs", {})
+    wanted = kwargs.get("min_num_clients", args[1] if len(args) > 1 else None)
+    if wanted is None:
+        wanted = kwargs.get("num_clients", args[0] if args else None)
+    return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else None
 
 
 def received_copy(msg: Message) -> Message:

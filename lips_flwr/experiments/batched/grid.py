@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import time
 from collections import Counter
@@ -76,7 +77,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from lips_flwr.experiments.batched.calls import ThreadCall, received_copy, reply_or_error, round_of
+from lips_flwr.errors import ConfigError
+from lips_flwr.experiments.batched.calls import (
+    ThreadCall,
+    nodes_awaited,
+    received_copy,
+    reply_or_error,
+    round_of,
+)
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.training import computing_with
@@ -127,6 +135,9 @@ class BatchedGrid(Grid):
         A non-negative int: every client call runs with the process-wide
         generators seeded for it, and the caller's generators kept (see
         :meth:`call_seed`); ``None``: the generators are left alone.
+    on_call : callable or None (default: None)
+        Called with no argument as each client call ends, in the thread that
+        ran it: a heartbeat for a watcher of the run (the runner's stall timeout).
     """
 
     def __init__(
@@ -141,6 +152,7 @@ class BatchedGrid(Grid):
         run_id: int = 1,
         observer: GridObserver | None = None,
         seed: int | None = None,
+        on_call: Callable[[], None] | None = None,
     ) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"`seed` must be None or an integer >= 0, got {seed!r}")
@@ -154,7 +166,7 @@ class BatchedGrid(Grid):
         if engine == "auto":
             engine = "stacked" if torch.cuda.is_available() else "sequential"
         self.client_app, self.engine, self.chunk_size = client_app, engine, chunk_size
-        self.autocast, self.observer, self.seed = autocast, observer, seed
+        self.autocast, self.observer, self.seed, self.on_call = autocast, observer, seed, on_call
         self._calls_made: Counter[tuple[int, str]] = Counter()  # (node, message type base): calls so far
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config)
@@ -185,6 +197,17 @@ class BatchedGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
+        """The nodes; ``ConfigError`` when a strategy asks to wait for more (:func:`~.calls.nodes_awaited`).
+
+        This Grid's nodes are all there from its start and never more: a
+        strategy waiting for more would wait forever.
+        """
+        awaited = nodes_awaited(sys._getframe(1))
+        if awaited is not None and awaited > len(self.contexts):
+            raise ConfigError(
+                f"the strategy waits for {awaited} nodes (its min_available_nodes, or the nodes it samples), "
+                f"but this run has {len(self.contexts)} (num_nodes, --num-supernodes): it would wait "
+                f"forever; run it with {awaited} nodes or more, or lower the strategy's min_available_nodes")
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
@@ -251,6 +274,8 @@ class BatchedGrid(Grid):
             seed_globals(seed)
         reply = reply_or_error(self.client_app, received, context)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
+        if self.on_call is not None:
+            self.on_call()
         return reply
 
     def _deliver(self, timeout: float | None) -> None:
@@ -349,6 +374,7 @@ def run_batched(
     run_id: int = 1,
     observer: GridObserver | None = None,
     seed: int | None = None,
+    on_call: Callable[[], None] | None = None,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
 
@@ -357,13 +383,13 @@ def run_batched(
     (its nodes' contexts, the time spent in clients). An exception of the
     ServerApp propagates; a ClientApp's becomes its error reply, as in Flower.
 
-    ``observer`` and ``seed``: see :class:`BatchedGrid`; with ``seed``, the
+    ``observer``, ``seed`` and ``on_call``: see :class:`BatchedGrid`; with ``seed``, the
     process-wide generators are also seeded from ``derive_seed(seed, 0)``
     right before the ServerApp is called.
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
                        chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
-                       seed=seed)
+                       seed=seed, on_call=on_call)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):

@@ -12,6 +12,11 @@ declare is an error, and a value keeps the type it was given (``flwr run
 --run-config lr=1`` gives the app the int ``1`` even where the default is
 ``0.5``: measured under flwr 1.42, whose SuperLink fuses without converting).
 
+The app's digest (:func:`app_digest`) and the digests of the modules a run
+loaded from the folder (:func:`loaded_modules`) are of the code, not the
+bytes (:func:`code_content`), under paths relative to the folder: they are
+part of a run's identity (:mod:`.runs`).
+
 Overrides come as ``flwr run --run-config`` takes them: ``KEY=VALUE``
 strings whose values are TOML (``dataset='digits' lr=0.1``), or the path of
 a TOML file. A file's ``[federation]`` table (our examples' conf files have
@@ -20,18 +25,24 @@ one) is not run config: its ``num-supernodes`` is the run's default node count.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import json
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
 
+from .provenance import PACKAGE, tree_digest
+
 CACHE_PARTS = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+MAIN_MODULES = ("__main__", "__mp_main__")  # the process's script (a sweep's), not the app's code
+SKIPPED_PARTS = ("site-packages", "dist-packages", "__pycache__")  # installed code, caches: not the app's
 
 
 @dataclass(frozen=True)
@@ -113,8 +124,10 @@ def _source_files(app: FlowerApp) -> list[Path]:
 
     The folder may hold more than the app (the paper app's folder has its
     sweep scripts, conf files and README): those do not decide a run's
-    numbers and are left out. A component in a top-level module brings every
-    top-level ``.py`` file (it may import its siblings).
+    numbers and are left out (a module beside the app that the run imports
+    is in its recorded modules instead: :func:`loaded_modules`). A component
+    in a top-level module brings every top-level ``.py`` file (it may import
+    its siblings).
     """
     folder = app.folder
     files = [folder / "pyproject.toml"]
@@ -129,13 +142,119 @@ def _source_files(app: FlowerApp) -> list[Path]:
     return sorted(set(files))
 
 
+class _NoDocstrings(ast.NodeTransformer):
+    """Takes out every statement that is a lone string: docstrings (of modules, classes, functions,
+    attributes), which compute nothing."""
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr | None:
+        is_text = isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+        return None if is_text else node
+
+
+def code_content(path: Path) -> bytes:
+    """What of the file ``path`` decides what a run computes, as bytes to digest.
+
+    A ``.py`` file: its syntax tree without docstrings or other lone string
+    statements (``ast.dump``, which holds no comments, line numbers or
+    layout), so that an edit of a comment, a docstring or the spacing keeps
+    it and an edit of the code changes it (a new Python may dump a tree
+    otherwise: its results are then computed again); a ``.toml`` file: its
+    values (comments and layout left out); any other file, or one that does
+    not parse: its bytes.
+    """
+    data = path.read_bytes()
+    try:
+        if path.suffix == ".py":
+            return ast.dump(_NoDocstrings().visit(ast.parse(data, filename=str(path)))).encode()
+        if path.suffix == ".toml":
+            return json.dumps(tomllib.loads(data.decode()), sort_keys=True, default=str).encode()
+    except (SyntaxError, ValueError):  # (tomllib.TOMLDecodeError, UnicodeDecodeError are ValueErrors)
+        pass
+    return data
+
+
 def app_digest(app: FlowerApp) -> str:
-    """SHA-256 of the app's ``pyproject.toml`` and source files (names and contents; caches excluded)."""
-    digest = hashlib.sha256()
-    for path in _source_files(app):
-        digest.update(str(path.relative_to(app.folder)).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """SHA-256 of the app's ``pyproject.toml`` and component packages (:func:`code_content`; caches excluded).
+
+    Paths relative to the App folder: a moved folder keeps its digest.
+    """
+    return tree_digest(app.folder, _source_files(app), code_content)
+
+
+def _app_file(folder: Path, path: Path) -> str | None:
+    """``path``'s name relative to the App folder ``folder`` when it is the app's code, else ``None``.
+
+    Not the app's: a file outside the folder, ``lips_flwr`` itself (its code
+    identity covers it), installed packages (a virtual environment inside the
+    folder), caches and hidden folders.
+    """
+    path = path.resolve()
+    if folder not in path.parents or path == PACKAGE or PACKAGE in path.parents or not path.is_file():
+        return None
+    relative = path.relative_to(folder)
+    if any(part in SKIPPED_PARTS or part.startswith(".") for part in relative.parts[:-1]):
+        return None
+    return relative.as_posix()
+
+
+def _digests(folder: Path, paths: Iterable[Path]) -> dict[str, str]:
+    """``{name relative to folder: SHA-256 of its code}`` of those ``paths`` that are the app's code."""
+    found = {}
+    for path in paths:
+        name = _app_file(folder, path)
+        if name is not None:
+            found[name] = hashlib.sha256(code_content(path)).hexdigest()
+    return dict(sorted(found.items()))
+
+
+def loaded_modules(app: FlowerApp) -> dict[str, str]:
+    """``{path relative to the App folder: SHA-256 of its code}`` of every module this process loaded from it.
+
+    What a run imported from the folder (its components, their packages, a
+    sibling ``helpers.py``; see :func:`_app_file` for what is left out): read
+    by a run's process after the run's imports, recorded in its result's
+    identity (``app.modules``) and checked whenever the result is reused
+    (:func:`module_digests`). The process's main module is not the app's: a
+    sweep script in the App folder (the paper's ``study.py``) is imported
+    again, as ``__mp_main__``, by each run process it spawns.
+    """
+    files = [getattr(module, "__file__", None) for name, module in list(sys.modules.items())
+             if name not in MAIN_MODULES]
+    return _digests(app.folder.resolve(), [Path(name) for name in files if isinstance(name, str)])
+
+
+def folder_modules(app: FlowerApp) -> dict[str, str]:
+    """:func:`loaded_modules` for a run whose imports this process cannot see (``flwr run``): every
+    ``.py`` file of the App folder (but those :func:`_app_file` leaves out)."""
+    folder = app.folder.resolve()
+    return _digests(folder, folder.rglob("*.py"))
+
+
+def module_digests(app: FlowerApp, names: Iterable[str]) -> dict[str, str | None]:
+    """The code digest now (as :func:`loaded_modules` takes it) of each file of ``names``.
+
+    ``None`` for a file that is gone, or that a damaged result names outside the App folder.
+    """
+    folder = app.folder.resolve()
+    out: dict[str, str | None] = {}
+    for name in names:
+        path = (folder / name).resolve()
+        inside = folder in path.parents and path.is_file()
+        out[name] = hashlib.sha256(code_content(path)).hexdigest() if inside else None
+    return out
+
+
+def with_modules(identity: dict[str, Any], modules: Mapping[str, str | None]) -> dict[str, Any]:
+    """A run's ``identity`` with ``modules`` as its ``app.modules`` (:func:`loaded_modules`)."""
+    return {**identity, "app": {**identity["app"], "modules": dict(modules)}}
+
+
+def planned_identity(identity: dict[str, Any]) -> dict[str, Any]:
+    """A result's ``identity`` as known before its run: without the ``app.modules`` that the run recorded."""
+    app = identity.get("app")
+    if not isinstance(app, dict) or "modules" not in app:
+        return identity
+    return {**identity, "app": {k: v for k, v in app.items() if k != "modules"}}
 
 
 def _import_ref(ref: str, folder: Path) -> Any:
@@ -162,5 +281,6 @@ def import_components(app: FlowerApp) -> tuple[Any, Any]:
     return server_app, client_app
 
 
-__all__ = ["FlowerApp", "app_digest", "import_components", "load_app", "num_supernodes", "parse_overrides",
-           "resolve_run_config"]
+__all__ = ["FlowerApp", "app_digest", "code_content", "folder_modules", "import_components", "load_app",
+           "loaded_modules", "module_digests", "num_supernodes", "parse_overrides", "planned_identity",
+           "resolve_run_config", "with_modules"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..local_flower import LocalFlower, first_error, local_flower
+from .apps import folder_modules, with_modules
 from .provenance import PACKAGE, git_state, now_utc, provenance
 from .runs import PreparedRun
 from .store import write_result
@@ -120,6 +121,7 @@ def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Calla
     federation = " ".join([f"num-supernodes={job.spec.num_nodes}",
                            *(f"client-resources-{k}={toml_value(v)}" for k, v in resources.items())])
     started, start = now_utc(), time.monotonic()
+    modules = folder_modules(job.app)  # its imports happen in Flower's processes, unseen: all its code
     config_file = write_run_config(job.staging / "run-config.toml", job.run_config)
     run_id = flower.run(job.app.folder, str(config_file), federation)
     progress(f"[{job.name}] flwr run {run_id} started")
@@ -135,7 +137,8 @@ def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Calla
         raise RuntimeError(f"[{job.name}] flwr run {run_id} failed: {problem}; {detail}")
     info = provenance("flwr", started, time.monotonic() - start, client_resources=resources,
                       **({"locations": job.locations} if job.locations else {}))
-    write_result(job.result, job.identity, info, None, json.loads(Path(path).read_text()) if path else None)
+    identity = with_modules(job.identity, modules)
+    write_result(job.result, identity, info, None, json.loads(Path(path).read_text()) if path else None)
     progress(f"[{job.name}] done in {time.monotonic() - start:.0f}s")
 
 

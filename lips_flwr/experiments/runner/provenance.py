@@ -20,6 +20,7 @@ import hashlib
 import os
 import platform
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,22 @@ def code_identity() -> dict[str, str]:
 
 def code_identity_now() -> dict[str, str]:
     """:func:`code_identity` from the files on disk now (a run's process checks it against its identity's)."""
+    files = [path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts]
+    return {"lips_flwr": lips_flwr.__version__, "source": tree_digest(PACKAGE, files)}
+
+
+def tree_digest(root: Path, files: Iterable[Path],
+                content: Callable[[Path], bytes] = Path.read_bytes) -> str:
+    """SHA-256 of ``files`` under ``root``: each one's path relative to ``root`` and its ``content``, by path.
+
+    The one digest of a tree of files: ``lips_flwr``'s code identity (bytes
+    as they are) and an app's digest (its code without comments or
+    docstrings: :func:`~.apps.code_content`).
+    """
     digest = hashlib.sha256()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        digest.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return {"lips_flwr": lips_flwr.__version__, "source": digest.hexdigest()}
+    for path in sorted(set(files)):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + content(path) + b"\0")
+    return digest.hexdigest()
 
 
 def _git(*args: str) -> str | None:
@@ -149,4 +160,4 @@ def same_environment(a: dict[str, Any] | None, b: dict[str, Any] | None) -> tupl
 
 
 __all__ = ["code_identity", "code_identity_now", "environment", "git_state", "now_utc", "provenance",
-           "same_environment"]
+           "same_environment", "tree_digest"]

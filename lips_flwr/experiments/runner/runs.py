@@ -10,6 +10,16 @@ numbers::
     {"app": {"name", "digest"}, "run_config": {...}, "seed", "num_nodes", "engine",
      "lips_forced": {"tau0": 0.0} or {}, "code": {"lips_flwr", "source"}}
 
+The app's ``digest`` covers its ``pyproject.toml`` and its components'
+packages; the run's process adds ``app.modules`` once the run has ended,
+each module it loaded from the App folder (a sibling ``helpers.py`` too) with
+the digest of its code (:func:`~.apps.loaded_modules`; under ``flwr run``,
+every ``.py`` file of the folder). A result is reused only while each of
+those files has that digest still (:func:`identity_now`). The digests are of
+the code, not of the bytes (:func:`~.apps.code_content`): an edit of a
+comment or a docstring keeps a result, an edit of the code does not; paths
+are relative to the App folder, so a moved checkout keeps its results.
+
 and, on the stacked engine only, ``"chunk_size"`` (the most clients trained
 at once, ``None`` for a whole round: it changes the numbers, to rounding;
 a chunk halved on a CUDA out-of-memory error is not known beforehand and
@@ -27,15 +37,25 @@ are left out of the identity too and recorded in the provenance.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .apps import FlowerApp, app_digest, load_app, resolve_run_config
+from .apps import (
+    FlowerApp,
+    app_digest,
+    load_app,
+    module_digests,
+    planned_identity,
+    resolve_run_config,
+    with_modules,
+)
 from .provenance import code_identity
 from .store import check_name, result_path, staging_path
 
+MODULES = "modules.json"  # in a run's staging folder: the app modules its process loaded, by digest
 MANAGED_KEYS = ("results-path", "checkpoint-path", "resume", "lips-state-dir")
 ENGINES = ("auto", "sequential", "stacked", "flwr")
 LIPS_OFF = {"tau0": 0.0}  # LIPS with tau0 = 0 is its wrapped strategy, bit for bit
@@ -154,10 +174,50 @@ def prepare(spec: RunSpec, out: Path) -> PreparedRun:
                        num_rounds=rounds)
 
 
+def run_name(arm: str, seed: int) -> str:
+    """The result name of ``arm``'s run with ``seed``: ``"<arm>-seed<seed>"`` (``arm`` may be ``conf/b``)."""
+    return f"{arm}-seed{seed}"
+
+
+def identity_now(job: PreparedRun, found: dict[str, Any]) -> dict[str, Any]:
+    """``job``'s identity as a result file's ``found`` one must equal it to be reused.
+
+    The app modules ``found`` recorded (``app.modules``) are digested again
+    from the files on disk now, so that a changed (or removed) one is a
+    difference named by its path; a ``found`` without them is compared as it
+    is (a result written before modules were recorded).
+    """
+    app = found.get("app")
+    modules = app.get("modules") if isinstance(app, dict) else None
+    if not isinstance(modules, dict):
+        return job.identity
+    return with_modules(planned_identity(job.identity), module_digests(job.app, modules))
+
+
+def staged_code_changes(job: PreparedRun) -> list[str]:
+    """What of the app's code a stopped run in ``job``'s staging folder loaded differs on disk now.
+
+    The files of its :data:`MODULES` whose code changed (or is gone), or that
+    file itself when it is unreadable; ``[]`` when it has none (the run
+    stopped before its imports were done).
+    """
+    path = job.staging / MODULES
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError):
+        saved = None
+    if not isinstance(saved, dict):
+        return [f"{MODULES} (unreadable)"]
+    now = module_digests(job.app, saved)
+    return sorted(name for name, digest in saved.items() if now[name] != digest)
+
+
 def legacy_run_config(run_config: dict[str, Any], location_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """An earlier session's embedded run config as an identity's (managed and location keys dropped)."""
     return {k: v for k, v in run_config.items() if k not in (*MANAGED_KEYS, *location_keys)}
 
 
-__all__ = ["ENGINES", "LIPS_OFF", "MANAGED_KEYS", "PreparedRun", "RunSpec", "legacy_run_config", "prepare",
-           "resolve_engine"]
+__all__ = ["ENGINES", "LIPS_OFF", "MANAGED_KEYS", "MODULES", "PreparedRun", "RunSpec", "identity_now",
+           "legacy_run_config", "prepare", "resolve_engine", "run_name", "staged_code_changes"]

@@ -33,6 +33,7 @@ from typing import Any
 
 from ...persistence.lock import _try_lock
 from ..results import write_json_atomic
+from .apps import planned_identity
 
 FORMAT = "lips-flwr-result/1"
 STAGING = ".staging"
@@ -141,7 +142,8 @@ def staged_identity(folder: Path) -> dict | None:
 def _finished(out: Path, name: str, identity: dict) -> bool:
     """Whether ``<out>/<name>.json`` is a finished result of ``identity`` (its run ended after writing it)."""
     try:
-        return read_result(result_path(out, name)).identity == identity
+        found = read_result(result_path(out, name)).identity
+        return found is not None and planned_identity(found) == identity  # (less its run's modules)
     except ValueError:
         return False
 

@@ -24,7 +24,9 @@ on the batched Grid each run in a fresh process (:mod:`.worker`), ``jobs``
 at a time; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
 first failing run stops the sweep once the running runs end
 (:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal, Ctrl-C) stops it too, its staging folder kept.
+stopped (a signal, Ctrl-C) stops it too, its staging folder kept. With a
+``stall_timeout``, a run that shows no progress for that long fails with the
+end of its log (:mod:`.stall`).
 ``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
@@ -49,7 +51,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from .runs import PreparedRun, RunSpec, legacy_run_config, prepare
+from .runs import PreparedRun, RunSpec, identity_now, legacy_run_config, prepare, staged_code_changes
+from .stall import StallWatch, stalled_failure
 from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty
 
 Progress = Callable[[str], None]
@@ -91,7 +94,7 @@ def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> li
             differing = [str(err)]
         else:
             if found.identity is not None:
-                differing = differences(found.identity, job.identity)
+                differing = differences(found.identity, identity_now(job, found.identity))
             else:
                 embedded = legacy_run_config(found.run_config, job.spec.location_keys)
                 differing = differences({"run_config": embedded}, {"run_config": job.identity["run_config"]})
@@ -120,10 +123,12 @@ def claim_staging(job: PreparedRun, progress: Progress) -> bool:
             saved = json.loads((job.staging / "identity.json").read_text())
         except (OSError, ValueError):
             saved = None
-        if saved == identity and job.resumable:
+        changed = staged_code_changes(job) if saved == identity else []
+        if saved == identity and job.resumable and not changed:
             progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
             return True
-        why = "the app cannot resume" if saved == identity else "it holds a run with another identity"
+        why = "it holds a run with another identity" if saved != identity else (
+            f"the app's code it ran changed: {', '.join(changed)}" if changed else "the app cannot resume")
         progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
         shutil.rmtree(job.staging)
     job.staging.mkdir(parents=True)
@@ -219,11 +224,13 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
     return text
 
 
-def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) -> None:
+def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
+                  stall_timeout: float | None = None) -> None:
     """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed.
 
     A job claims its staging folder (:func:`claim_staging`) as its process
     starts: a sweep that stops early leaves none for runs it never started.
+    A run silent for over ``stall_timeout`` seconds fails (:mod:`.stall`).
     """
     from .worker import run_process
 
@@ -232,6 +239,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) ->
     running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
     failure: str | None = None
     outcome: dict[str, tuple | None] = {}
+    watch, stalled = StallWatch(stall_timeout), set()
     try:
         while queue or running:
             while queue and len(running) < max(1, parallel) and failure is None:
@@ -246,6 +254,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) ->
                 sender.close()
                 running[receiver] = (job, started)
                 outcome[job.name] = None
+                watch.heard(job.name)
                 progress(f"[{job.name}] started ({job.identity['engine']}, pid {started.pid})")
             if not running:
                 break
@@ -255,20 +264,30 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) ->
                 try:
                     while ready.poll():
                         event = ready.recv()
+                        watch.heard(job.name)
                         if event[0] == "round":
                             board.round(job.name, event[1])
-                        else:
+                        elif event[0] != "alive":
                             outcome[job.name] = event
                 except (EOFError, OSError):  # the process has ended: collect it
                     process.join()
                     del running[ready]
                     event = outcome[job.name]
-                    if event is not None and event[0] == "done" and process.exitcode == 0:
+                    if job.name in stalled:  # (its failure is told already)
+                        shutil.rmtree(job.staging, ignore_errors=True)
+                    elif event is not None and event[0] == "done" and process.exitcode == 0:
                         board.finish(job.name)
                     elif failure is None:
                         failure = _failure(job, event if event and event[0] == "failed" else None,
                                            process.exitcode)
                         progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+            for job, process in running.values():
+                if job.name not in stalled and watch.stalled([job.name]):
+                    stalled.add(job.name)
+                    message = stalled_failure(job.name, float(stall_timeout or 0), job.staging / "log")
+                    failure = failure or message
+                    progress(message.splitlines()[0] + "; the sweep stops once its running runs end")
+                    process.terminate()
     except BaseException:
         for _job, process in running.values():  # stopped: each leaves its staging to resume
             process.terminate()
@@ -280,8 +299,12 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress) ->
 
 
 def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recompute: bool = False,
-              progress: Progress = print, flwr_timeout: float = 3600.0) -> list[Path]:
+              progress: Progress = print, flwr_timeout: float = 3600.0,
+              stall_timeout: float | None = None) -> list[Path]:
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
+
+    ``stall_timeout``: a batched run that shows no progress for that many
+    seconds fails (:mod:`.stall`); ``None``: no limit.
 
     ``ValueError`` before anything runs (an unknown run-config key, a managed
     key overridden, a result file of other settings, two specs of one name,
@@ -309,7 +332,7 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
                             raise SweepFailed(str(err)) from err
                         shutil.rmtree(job.staging, ignore_errors=True)
             batched = [job for job in to_run if job.identity["engine"] != "flwr"]
-            run_processes(batched, jobs, progress)
+            run_processes(batched, jobs, progress, stall_timeout)
         finally:
             remove_empty(out / STAGING)
     return [job.result for job in prepared]

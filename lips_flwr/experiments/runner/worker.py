@@ -30,9 +30,10 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Message, MessageType
 
 from ..results import write_json_atomic
-from .apps import app_digest
+from .apps import app_digest, loaded_modules, with_modules
 from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
-from .runs import LIPS_OFF, PreparedRun
+from .runs import LIPS_OFF, MODULES, PreparedRun
+from .stall import heartbeat
 from .store import write_result
 from .sweep import STOPPED_EXIT
 
@@ -150,8 +152,12 @@ class LipsOffCheck:
         self.observer.replied(replies)
 
 
-def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
-    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
+def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
+            on_call: Callable[[], None] | None = None) -> None:
+    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure.
+
+    ``on_call``: the Grid's, called as each client call ends (the heartbeat of :mod:`.stall`).
+    """
     from ...strategies import forced_options
     from ..batched import run_batched
     from .apps import import_components
@@ -163,17 +169,20 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     with forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext() as forcing:
         server_app, client_app = import_components(job.app)
         check_code(job)
+        imported = loaded_modules(job.app)  # (their code as imported, whatever is edited during the run)
+        write_json_atomic(job.staging / MODULES, imported)  # (a stopped run's code, for claim_staging)
         watcher = LipsOffCheck(observer, forcing) if forcing is not None else observer
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
                     engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=watcher,
-                    seed=job.spec.seed)
+                    seed=job.spec.seed, on_call=on_call)
     if isinstance(watcher, LipsOffCheck):
         watcher.check()
     observer.check(job.spec.require_evaluate)
     record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
     if earlier:
         record["earlier_segments"] = earlier
-    write_result(job.result, job.identity, record, {**observer.record(), "first_error": observer.first_error},
+    identity = with_modules(job.identity, {**loaded_modules(job.app), **imported})
+    write_result(job.result, identity, record, {**observer.record(), "first_error": observer.first_error},
                  _app_record(job))
 
 
@@ -182,13 +191,15 @@ def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int)
     _die_with_parent(parent)
     _redirect_output(job.staging / "log")
 
+    lock = threading.Lock()  # (the heartbeat comes from the stacked engine's client threads too)
+
     def send(event: tuple) -> None:
-        with contextlib.suppress(OSError):
+        with lock, contextlib.suppress(OSError):
             conn.send(event)
 
     observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: send(("round", r)))
     try:
-        execute(job, resuming, observer)
+        execute(job, resuming, observer, on_call=heartbeat(lambda: send(("alive",))))
     except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
         _exit(STOPPED_EXIT)
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported

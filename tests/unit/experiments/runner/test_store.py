@@ -84,7 +84,7 @@ def test_the_digest_follows_the_apps_code_not_the_files_beside_it(tmp_path):
     (tmp_path / "tinyapp" / "__pycache__" / "x.pyc").write_bytes(b"cache")
     assert app_digest(app) == before
     client = tmp_path / "tinyapp" / "client_app.py"
-    client.write_text(client.read_text() + "\n# a change\n")
+    client.write_text(client.read_text() + "\nCHANGED = 1\n")  # code (a comment would keep it: test_identity)
     assert app_digest(app) != before
     paper = load_app(PAPER)  # run_grid.py, conf/ and README.md are not the app's code
     assert paper.name == "lips-paper" and len(app_digest(paper)) == 64

@@ -314,7 +314,7 @@ def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_chan
     server = app / "tinyapp" / "server_app.py"
     edit = ("import pathlib\n"  # an edit of the app between the sweep's start and this run's import
             "with open(pathlib.Path(__file__).with_name('client_app.py'), 'a') as f:\n"
-            "    f.write('\\n# edited while the sweep ran\\n')\n")
+            "    f.write('\\nEDITED_WHILE_THE_SWEEP_RAN = 1\\n')\n")  # code: a comment keeps the digest
     server.write_text(edit + server.read_text())
     with pytest.raises(SweepFailed) as err:
         run_sweep([spec(app, "edited")], tmp_path / "out", progress=lambda line: None)
