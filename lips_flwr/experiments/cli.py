@@ -62,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--num-supernodes", type=_positive, default=None,
                          help="nodes (default: the --run-config file's [federation] value, else 10)")
     compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
+    compare.add_argument("--goal", choices=("max", "min"), default=None,
+                         help="which way the metric is better (default: min for a name with loss, error "
+                              "or err, else max)")
     compare.add_argument("--last", type=_positive, default=None,
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
@@ -87,7 +90,8 @@ def compare_main(args: argparse.Namespace) -> int:
         b, _ = parse_overrides(args.b)
         nodes = args.num_supernodes if args.num_supernodes is not None else num_supernodes(federation)
         comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
-                                num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine)
+                                num_nodes=nodes, metric=args.metric, last=args.last, engine=args.engine,
+                                goal=args.goal)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
                               progress=lambda line: print(line, flush=True))
     except SweepFailed as err:

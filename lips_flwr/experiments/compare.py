@@ -34,13 +34,49 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError, ResultFileError
+from .runner.observe import WEIGHT_KEYS
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
 from .runner.store import Result, read_result
 from .runner.sweep import run_sweep
-from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
+from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdict, paired, verdict
 
 DEFAULT_LAST = 10
+GOALS = ("max", "min")
+LOWER_IS_BETTER = ("loss", "error", "err")  # a metric named with one of these defaults to --goal min
+VERDICTS = ("B better", "B worse", "no difference detected")
+
+
+def default_goal(metric: str) -> str:
+    """``"min"`` for a metric whose name contains ``loss``, ``error`` or ``err`` (any case), else ``"max"``."""
+    return "min" if any(word in metric.lower() for word in LOWER_IS_BETTER) else "max"
+
+
+def check_metric(metric: str | None, goal: str | None) -> None:
+    """``ConfigError`` for a weight key named as the metric, or a goal other than ``max``/``min``."""
+    if metric in WEIGHT_KEYS:
+        raise ConfigError(f"--metric {metric}: {metric!r} is the weight of the clients' replies (how many "
+                          "examples each evaluated), not a measure of the model: name an evaluate metric")
+    if goal is not None and goal not in GOALS:
+        raise ConfigError(f"--goal must be max or min, got {goal!r}")
+
+
+def better_or_worse(test: dict, goal: str) -> str:
+    """The verdict of a paired test of ``B - A`` in plain words, following ``goal``.
+
+    ``"B better"`` when p < 0.05 and the 95% CI lies on the goal's side of 0
+    (above it for ``max``, below for ``min``), ``"B worse"`` when it lies on the
+    other side, else ``"no difference detected"``; no t-test (zero variance):
+    :data:`~.stats.NO_TEST_ZERO_VARIANCE`.
+    """
+    found = verdict(test, test["p_t"])
+    if found == NO_TEST_ZERO_VARIANCE:
+        return found
+    higher = {"supported": True, "contradicted": False}.get(found)
+    if higher is None:
+        return "no difference detected"
+    return "B better" if higher == (goal == "max") else "B worse"
 
 
 @dataclass(frozen=True)
@@ -56,6 +92,7 @@ class Comparison:
     metric: str | None = None
     last: int | None = None
     engine: str = "auto"
+    goal: str | None = None
 
     @property
     def lips_off(self) -> bool:
@@ -65,10 +102,11 @@ class Comparison:
     def specs(self) -> list[RunSpec]:
         """One spec per arm and seed, in seed order (A then B), named ``<a|b>-seed<k>``."""
         if self.engine not in ("auto", "sequential", "stacked"):
-            raise ValueError(f"compare runs on the batched Grid: engine auto, sequential or stacked, "
-                             f"got {self.engine!r}")
+            raise ConfigError(f"compare runs on the batched Grid: engine auto, sequential or stacked, "
+                              f"got {self.engine!r}")
+        check_metric(self.metric, self.goal)
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
-            raise ValueError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
+            raise ConfigError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
         out = []
         for seed in self.seeds:
             for arm, overrides in (("a", self.a), ("b", self.b)):
@@ -90,7 +128,7 @@ def default_metric(result: Result) -> str:
     keys = (result.observed or {}).get("evaluate_keys") or []
     found = next((k for k in keys if "acc" in k), None)
     if found is None:
-        raise ValueError(f"no evaluate metric of {result.path.name} has 'acc' in its name (the clients "
+        raise ConfigError(f"no evaluate metric of {result.path.name} has 'acc' in its name (the clients "
                          f"report {keys or 'no evaluate metrics'}): name one with --metric")
     return found
 
@@ -144,20 +182,22 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     """``summary.json``'s content from the runs' result files (see the module docstring)."""
     first = results[f"a-seed{comparison.seeds[0]}"]
     metric = comparison.metric or default_metric(first)
+    check_metric(metric, comparison.goal)
+    goal = comparison.goal or default_goal(metric)
     series = {name: evaluate_series(result, metric) for name, result in results.items()}
     empty = sorted(name for name, s in series.items() if not s)
     if empty:
-        raise ValueError(f"evaluate metric {metric!r} is in no round of {empty}; the clients report "
+        raise ConfigError(f"evaluate metric {metric!r} is in no round of {empty}; the clients report "
                          f"{first.observed and first.observed.get('evaluate_keys')}")
     shortest = min(len(s) for s in series.values())
     last = comparison.last if comparison.last is not None else min(DEFAULT_LAST, shortest)
     if not 1 <= last <= shortest:
-        raise ValueError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
+        raise ConfigError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
     a = [endpoint(series[f"a-seed{s}"], last) for s in comparison.seeds]
     b = [endpoint(series[f"b-seed{s}"], last) for s in comparison.seeds]
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
-        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "last": last,
+        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "goal": goal, "last": last,
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
@@ -171,7 +211,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         tested = test["sd"] > 0  # (zero variance: no t-test, no CI; None in the JSON, not NaN)
         summary.update(ci95=[test["ci_low"], test["ci_high"]] if tested else None,
                        p_t=test["p_t"] if tested else None, p_sign=test["p_sign"], sd=test["sd"],
-                       wins=test["wins"], losses=test["losses"], verdict=verdict(test, test["p_t"]))
+                       wins=test["wins"], losses=test["losses"], verdict=better_or_worse(test, goal))
     else:
         summary.update(ci95=None, p_t=None, p_sign=None, sd=None, wins=int(diffs[0] > 0),
                        losses=int(diffs[0] < 0), verdict="no test (one seed)")

@@ -31,6 +31,17 @@ def _arms(comparison: Comparison) -> tuple[str, str]:
     return f"the app with {_overrides(comparison.a)}", f"the app with {_overrides(comparison.b)}"
 
 
+def _goal_words(summary: dict) -> str:
+    """How the report reads the metric: which way is better, and where that came from."""
+    goal = summary.get("goal", "max")  # (summaries written before --goal: higher was better)
+    return f"{'higher' if goal == 'max' else 'lower'} is better (--goal {goal})"
+
+
+def _ahead(summary: dict) -> int:
+    """The seeds on which B did better than A by the goal."""
+    return summary["losses"] if summary.get("goal", "max") == "min" else summary["wins"]
+
+
 def _test_lines(summary: dict) -> list[str]:
     if summary["n"] == 1:
         return [f"B - A: {summary['diff_mean']:+.4f} on one seed: no test (a paired test needs two seeds or "
@@ -38,15 +49,15 @@ def _test_lines(summary: dict) -> list[str]:
     if summary["ci95"] is None:
         return [f"B - A: {summary['diff_mean']:+.4f} on every one of the {summary['n']} seeds: zero "
                 f"variance, so no t-test and no CI; p = {summary['p_sign']:.3g} (exact sign test).", "",
-                f"**Verdict: {summary['verdict']}** (the study protocol's verdict needs a t-test)."]
+                f"**Verdict: {summary['verdict']}** (a verdict needs a t-test)."]
     low, high = summary["ci95"]
     return [f"B - A: mean {summary['diff_mean']:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] (paired t, "
             f"ddof = 1), p = {summary['p_t']:.3g} (t), p = {summary['p_sign']:.3g} (exact sign test); "
-            f"B ahead on {summary['wins']} of {summary['n']} seeds.", "",
-            f"**Verdict: {summary['verdict']}** (the study protocol's words: *supported* when p < 0.05 and "
-            "the CI lies above 0, *contradicted* when p < 0.05 and it lies below 0, else *no effect "
-            f"detected*; the CI [{low:+.4f}, {high:+.4f}] is then the range of effects these seeds cannot "
-            "rule out)."]
+            f"B better on {_ahead(summary)} of {summary['n']} seeds ({_goal_words(summary)}).", "",
+            f"**Verdict: {summary['verdict']}** (paired t-test over {summary['n']} seeds at 95%: *B better* "
+            "when p < 0.05 and the CI lies on the better side of 0, *B worse* when p < 0.05 and it lies on "
+            "the worse side, else *no difference detected*; the CI is then the range of effects these seeds "
+            "cannot rule out)."]
 
 
 def _inertia_lines(inertia: dict) -> list[str]:
@@ -79,7 +90,8 @@ def report_text(comparison: Comparison, summary: dict) -> str:
              f"- both: run config {_overrides(comparison.run_config)}, {comparison.num_nodes} nodes, "
              f"engine {summary['engine']}, seeds {', '.join(map(str, summary['seeds']))}",
              f"- endpoint: the clients' evaluate metric `{summary['metric']}` averaged with `num-examples` "
-             f"weights, mean over each run's last {summary['last']} evaluated rounds", "",
+             f"weights, mean over each run's last {summary['last']} evaluated rounds; "
+             f"{_goal_words(summary)}", "",
              "| seed | A | B | B - A |", "| --- | --- | --- | --- |"]
     for seed, a, b, d in zip(summary["seeds"], summary["endpoint_a"], summary["endpoint_b"],
                              summary["differences"]):

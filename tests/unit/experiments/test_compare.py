@@ -16,7 +16,8 @@ pytest.importorskip("scipy")
 from runner_apps import make_app  # noqa: E402
 
 from lips_flwr.experiments import cli  # noqa: E402
-from lips_flwr.experiments.compare import Comparison, default_metric, summarize  # noqa: E402
+from lips_flwr.errors import ConfigError  # noqa: E402
+from lips_flwr.experiments.compare import Comparison, default_goal, default_metric, summarize  # noqa: E402
 from lips_flwr.experiments.runner.provenance import provenance  # noqa: E402
 from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result, write_result  # noqa: E402
@@ -63,7 +64,8 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
     assert summary["diff_mean"] == pytest.approx(0.11) and summary["ci95"] == pytest.approx(
         [test["ci_low"], test["ci_high"]])
     assert summary["p_t"] == pytest.approx(test["p_t"]) and summary["p_sign"] == pytest.approx(0.25)
-    assert summary["verdict"] == verdict(test, test["p_t"]) == "supported"
+    assert verdict(test, test["p_t"]) == "supported" and summary["verdict"] == "B better"
+    assert summary["goal"] == "max"  # (an accuracy: higher is better)
     assert summarize(Comparison(tmp_path, (1, 2, 3)), results)["last"] == 3  # min(10, rounds)
     assert summary["environments"] == [{"seed": s, "same": True, "differing": []} for s in (1, 2, 3)]
     assert summary["error_replies"] == {}
@@ -72,6 +74,36 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
     assert sorted(summary["provenance"]["runs"]) == [f"{arm}-seed{s}" for arm in "ab" for s in (1, 2, 3)]
     assert summary["provenance"]["runs"]["b-seed2"]["file"] == "b-seed2.json"
     assert json.loads(json.dumps(summary)) == summary  # plain JSON
+
+
+def test_a_lower_is_better_metric_turns_the_verdict_and_goal_overrides_the_default(tmp_path):
+    """``--metric loss`` where B's loss is higher on every seed read "supported" under "Does it help?"."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    a = {1: [0.5, 0.6], 2: [0.5, 0.7], 3: [0.5, 0.8]}
+    b = {1: [0.5, 0.5], 2: [0.5, 0.59], 3: [0.5, 0.71]}  # B's accuracy lower, so its loss (1 - acc) higher
+    results = write_runs(tmp_path, a, b)
+    comparison = Comparison(tmp_path, (1, 2, 3), metric="loss", last=1)
+    summary = summarize(comparison, results)
+    assert summary["goal"] == "min" and summary["differences"] == pytest.approx([0.1, 0.11, 0.09])
+    assert summary["verdict"] == "B worse"
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "lower is better (--goal min)" in text and "**Verdict: B worse**" in text
+    assert "B better on 0 of 3 seeds" in text and "supported" not in text
+    told = summarize(Comparison(tmp_path, (1, 2, 3), metric="loss", last=1, goal="max"), results)
+    assert told["goal"] == "max" and told["verdict"] == "B better"
+    assert summarize(Comparison(tmp_path, (1, 2, 3), last=1), results)["verdict"] == "B worse"  # acc, max
+    for name, goal in (("eval_loss", "min"), ("test-error", "min"), ("top1_err", "min"), ("acc", "max"),
+                       ("f1", "max")):
+        assert default_goal(name) == goal
+
+
+@pytest.mark.parametrize("weight", ["num-examples", "num_examples"])
+def test_the_weight_key_is_refused_as_a_metric_before_anything_runs(tmp_path, weight):
+    with pytest.raises(ConfigError, match=f"--metric {weight}: .* the weight of the clients' replies"):
+        Comparison(tmp_path, (1,), metric=weight).specs()
 
 
 def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
@@ -122,7 +154,7 @@ def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path
     text = (tmp_path / "report.md").read_text()
     assert "Not every seed's two runs ran in one environment" in text
     assert "- seed 1: different: torch, threads" in text
-    assert "**Verdict: no effect detected**" in text and "| 1 | 0.6000 | 0.6200 | +0.0200 |" in text
+    assert "**Verdict: no difference detected**" in text and "| 1 | 0.6000 | 0.6200 | +0.0200 |" in text
     assert "A: the app with LIPS off" in text
     for name in ("curves.png", "inertia.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
