@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ResultFileError
-from .runner.observe import WEIGHT_KEYS
+from ..errors import ConfigError
+from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
 from .runner.store import Result, read_result
@@ -49,7 +49,7 @@ VERDICTS = ("B better", "B worse", "no difference detected")
 
 
 def default_goal(metric: str) -> str:
-    """``"min"`` for a metric whose name contains ``loss``, ``error`` or ``err`` (any case), else ``"max"``."""
+    """``"min"`` for a metric named with ``loss``, ``error`` or ``err`` (any case), else ``"max"``."""
     return "min" if any(word in metric.lower() for word in LOWER_IS_BETTER) else "max"
 
 
@@ -178,6 +178,16 @@ def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _stalled(results: dict[str, Result]) -> dict[str, dict[str, list[int]]]:
+    """Per run with any, the rounds that did not move its global model (:func:`~.observe.stalled_rounds`)."""
+    out = {}
+    for name, result in results.items():
+        found = stalled_rounds((result.observed or {}).get("rounds", {}))
+        if any(found.values()):
+            out[name] = {why: rounds for why, rounds in found.items() if rounds}
+    return out
+
+
 def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     """``summary.json``'s content from the runs' result files (see the module docstring)."""
     first = results[f"a-seed{comparison.seeds[0]}"]
@@ -197,7 +207,8 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     b = [endpoint(series[f"b-seed{s}"], last) for s in comparison.seeds]
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
-        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "goal": goal, "last": last,
+        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric,
+        "goal": goal, "last": last,
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
@@ -221,6 +232,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         same, differing = same_environment(results[f"a-seed{s}"].provenance, results[f"b-seed{s}"].provenance)
         summary["environments"].append({"seed": s, "same": same, "differing": differing})
     summary["error_replies"] = _errors(results)
+    summary["stalled_rounds"] = _stalled(results)
     summary["provenance"] = _provenance(results)
     return summary
 

@@ -83,6 +83,19 @@ def _environment_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _stalled_lines(stalled: dict) -> list[str]:
+    if not stalled:
+        return ["Every round of every run moved its global model (each had an aggregate)."]
+    words = {"no_aggregate": "no aggregate", "unchanged": "global model unchanged",
+             "nonfinite": "global model not finite"}
+    lines = ["**Rounds that did not move the global model** (the strategy's warnings are in each run's "
+             "`observed.warnings`):", ""]
+    for name, found in sorted(stalled.items()):
+        lines.append(f"- {name}: " + "; ".join(f"{words.get(why, why)} in rounds {', '.join(map(str, rounds))}"
+                                               for why, rounds in found.items()))
+    return lines
+
+
 def report_text(comparison: Comparison, summary: dict) -> str:
     arm_a, arm_b = _arms(comparison)
     lines = [f"# Does it help? `{comparison.app.name}`: B vs A over {summary['n']} paired seeds", "",
@@ -105,6 +118,7 @@ def report_text(comparison: Comparison, summary: dict) -> str:
                   for name, c in sorted(errors.items())]
     else:
         lines.append("No client sent an error reply.")
+    lines += ["", *_stalled_lines(summary.get("stalled_rounds") or {})]
     lines += ["", "Figures: `curves.png` (curves and paired differences), `inertia.png` (arm A's relative "
               "step per layer). Runs: `runs/<a|b>-seed<k>.json` (per-round metrics, identity, provenance)."]
     return "\n".join(lines) + "\n"

@@ -225,3 +225,31 @@ def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     assert code == 1 and "a run failed" in err
     assert "RuntimeError: tiny app: this ClientApp fails on every call" in err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_run_with_no_aggregate_in_most_rounds_fails_with_the_strategys_reasons(tmp_path, capsys):
+    """``--run-config lr=nan``: every reply dropped every round, and compare wrote a verdict (+0.0000)."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True)
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--run-config", "lr=nan", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "a run failed" in err
+    assert "3 of its 3 trained rounds did not move the global model (the model unchanged: rounds 1, 2, 3)" in err
+    assert "(round 3) LIPS: ignoring reply from node 1000: NaN or Inf in arrays" in err  # the reasons, in view
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_summary_and_report_flag_each_round_that_did_not_move_the_model(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    steps = {"first.weight": [0.1, 0.0, 0.1], "mid.weight": [0.1, 0.0, 0.1], "last.weight": [0.1, 0.0, 0.1]}
+    results = write_runs(tmp_path, {1: [0.5, 0.6, 0.7]}, {1: [0.5, 0.6, 0.8]}, steps=steps)
+    comparison = Comparison(tmp_path, (1,))
+    summary = summarize(comparison, results)
+    assert summary["stalled_rounds"] == {"a-seed1": {"unchanged": [2]}, "b-seed1": {"unchanged": [2]}}
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "**Rounds that did not move the global model**" in text
+    assert "- b-seed1: global model unchanged in rounds 2" in text
