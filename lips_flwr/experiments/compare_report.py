@@ -9,6 +9,7 @@ model's order with the first and last marked.
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .compare import Comparison, evaluate_series, layer_groups, relative_steps
-from .results import write_json_atomic
+from .results import write_bytes_atomic, write_json_atomic
 from .runner.store import Result
 
 
@@ -91,8 +92,8 @@ def _stalled_lines(stalled: dict) -> list[str]:
     lines = ["**Rounds that did not move the global model** (the strategy's warnings are in each run's "
              "`observed.warnings`):", ""]
     for name, found in sorted(stalled.items()):
-        lines.append(f"- {name}: " + "; ".join(f"{words.get(why, why)} in rounds {', '.join(map(str, rounds))}"
-                                               for why, rounds in found.items()))
+        lines.append(f"- {name}: " + "; ".join(f"{words.get(why, why)} in rounds {', '.join(map(str, r))}"
+                                               for why, r in found.items()))
     return lines
 
 
@@ -155,10 +156,7 @@ def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
     dx.set_xticks(range(len(diffs)), [str(s) for s in summary["seeds"]], fontsize=7, rotation=45)
     dx.set(xlabel="seed", ylabel=f"B - A, endpoint (last {summary['last']})", title="paired differences")
     dx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_inertia(summary: dict, results: dict[str, Result], path: Path) -> Path:
@@ -187,18 +185,28 @@ def plot_inertia(summary: dict, results: dict[str, Result], path: Path) -> Path:
         fig.colorbar(image, ax=ax, label="log10 relative step")
     ax.set(xlabel="round", title=f"arm A: log10 ||w_t - w_t-1|| / ||w_t-1|| per layer, mean over "
                                  f"{len(runs)} seeds; inertia {summary['inertia_a']['verdict']}")
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """``fig`` as a PNG at ``path``, written atomically; the figure closed."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=120)
     plt.close(fig)
+    write_bytes_atomic(path, image.getvalue())
     return path
 
 
+OUTPUTS = ("summary.json", "report.md", "curves.png", "inertia.png")  # what write_report writes
+
+
 def write_report(comparison: Comparison, summary: dict, results: dict[str, Result], out: Path) -> None:
-    """``summary.json``, ``report.md``, ``curves.png`` and ``inertia.png`` in ``out``."""
-    write_json_atomic(out / "summary.json", summary)
-    (out / "report.md").write_text(report_text(comparison, summary))
+    """``curves.png``, ``inertia.png``, ``report.md`` and last ``summary.json`` in ``out``, each atomic."""
     plot_curves(summary, results, out / "curves.png")
     plot_inertia(summary, results, out / "inertia.png")
+    write_bytes_atomic(out / "report.md", report_text(comparison, summary).encode("utf-8"))
+    write_json_atomic(out / "summary.json", summary)
 
 
-__all__ = ["plot_curves", "plot_inertia", "report_text", "write_report"]
+__all__ = ["OUTPUTS", "plot_curves", "plot_inertia", "report_text", "write_report"]

@@ -253,3 +253,47 @@ def test_summary_and_report_flag_each_round_that_did_not_move_the_model(tmp_path
     text = (tmp_path / "report.md").read_text()
     assert "**Rounds that did not move the global model**" in text
     assert "- b-seed1: global model unchanged in rounds 2" in text
+
+
+def test_every_output_file_is_written_through_a_temporary_file(tmp_path, monkeypatch):
+    """report.md was written in place: a crash mid-write left half a report."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import results as results_module
+    from lips_flwr.experiments.compare_report import OUTPUTS, write_report
+
+    written = []
+    real = results_module.write_atomic
+    monkeypatch.setattr(results_module, "write_atomic", lambda path, write: (written.append(Path(path).name),
+                                                                          real(path, write)))
+    runs = write_runs(tmp_path / "runs", {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.71]})
+    comparison = Comparison(tmp_path, (1, 2), last=1)
+    written.clear()
+    write_report(comparison, summarize(comparison, runs), runs, tmp_path)
+    assert sorted(written) == sorted(OUTPUTS) and written[-1] == "summary.json"  # the summary last
+    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~_umask() for name in OUTPUTS)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _umask() -> int:
+    from lips_flwr.experiments.results import _umask as umask
+
+    return umask()
+
+
+def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsys):
+    """A --recompute that failed after its runs left the old report beside the runs it had replaced."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    base = ["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+            "--out", str(out)]
+    assert cli.main(base) == 0
+    assert (out / "report.md").exists() and (out / "summary.json").exists()
+    assert cli.main([*base, "--metric", "accuracy"]) == 0  # every run reused: the report stays, rewritten
+    assert "removing the report" not in capsys.readouterr().out
+    code = cli.main([*base, "--recompute", "--run-config", "lr=0.2", "--metric", "nosuch"])
+    captured = capsys.readouterr()
+    assert code == 1 and "metric 'nosuch'" in captured.err
+    assert "removing the report of earlier runs" in captured.out
+    assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png", "inertia.png"))
+    assert read_result(out / "runs" / "b-seed1.json").identity["run_config"]["lr"] == 0.2
