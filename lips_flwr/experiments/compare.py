@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ResultFileError
+from ..errors import ConfigError
 from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
-from .runner.runs import LIPS_OFF, RunSpec, prepare
+from .runner.runs import LIPS_OFF, RunSpec
 from .runner.store import Result, read_result
-from .runner.sweep import plan, run_sweep
+from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdict, paired, verdict
 
 DEFAULT_LAST = 10
@@ -255,42 +255,21 @@ def _provenance(results: dict[str, Result]) -> dict[str, Any]:
             "runs": runs}
 
 
-def remove_stale_report(specs: list[RunSpec], out: Path, recompute: bool,
-                        progress: Callable[[str], None]) -> None:
-    """Remove ``out``'s report files before a sweep that will run (and so write) any of ``runs/``.
-
-    A report left beside result files that a sweep has replaced would describe
-    other runs than those beside it, should the sweep or the report then fail.
-    A sweep that only reuses its runs leaves the report in place; one that
-    would be refused raises here, as the sweep would (nothing is removed).
-    """
-    from .compare_report import OUTPUTS
-
-    present = [name for name in OUTPUTS if (out / name).exists()]
-    if not present:
-        return
-    runs = out / "runs"
-    if not plan([prepare(spec, runs) for spec in specs], recompute, lambda line: None):
-        return
-    progress(f"removing the report of earlier runs from {str(out)!r} ({', '.join(present)}): this sweep "
-             "replaces or adds runs")
-    for name in present:
-        target = out / name
-        if target.is_dir() and not target.is_symlink():
-            raise ResultFileError(f"{str(target)!r} is a folder where compare writes its {name}: move it "
-                                  "away, or give another --out")
-        target.unlink()
-
-
 def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,
                 progress: Callable[[str], None] = print) -> dict:
     """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``."""
+    from .compare_out import made_folders, prepared_sweep, remove_made
     from .compare_report import write_report
 
     out = Path(out).resolve()
     specs = comparison.specs()
-    remove_stale_report(specs, out, recompute, progress)
-    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+    made = made_folders(out / "runs")
+    try:
+        prepared_sweep(specs, out, recompute, progress)
+        paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+    except BaseException:
+        remove_made(made)  # (a refused sweep leaves no empty runs/; a stopped run's staging stays)
+        raise
     results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
     summary = summarize(comparison, results)
     write_report(comparison, summary, results, out)

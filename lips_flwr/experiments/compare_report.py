@@ -198,9 +198,6 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
-OUTPUTS = ("summary.json", "report.md", "curves.png", "inertia.png")  # what write_report writes
-
-
 def write_report(comparison: Comparison, summary: dict, results: dict[str, Result], out: Path) -> None:
     """``curves.png``, ``inertia.png``, ``report.md`` and last ``summary.json`` in ``out``, each atomic."""
     plot_curves(summary, results, out / "curves.png")
@@ -209,4 +206,4 @@ def write_report(comparison: Comparison, summary: dict, results: dict[str, Resul
     write_json_atomic(out / "summary.json", summary)
 
 
-__all__ = ["OUTPUTS", "plot_curves", "plot_inertia", "report_text", "write_report"]
+__all__ = ["plot_curves", "plot_inertia", "report_text", "write_report"]

@@ -259,7 +259,8 @@ def test_every_output_file_is_written_through_a_temporary_file(tmp_path, monkeyp
     """report.md was written in place: a crash mid-write left half a report."""
     pytest.importorskip("matplotlib")
     from lips_flwr.experiments import results as results_module
-    from lips_flwr.experiments.compare_report import OUTPUTS, write_report
+    from lips_flwr.experiments.compare_out import OUTPUTS
+    from lips_flwr.experiments.compare_report import write_report
 
     written = []
     real = results_module.write_atomic
@@ -297,3 +298,93 @@ def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsy
     assert "removing the report of earlier runs" in captured.out
     assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png", "inertia.png"))
     assert read_result(out / "runs" / "b-seed1.json").identity["run_config"]["lr"] == 0.2
+
+
+# --------------------------------------------------------------------------- user errors: one line, exit 1
+
+
+def _no_access(monkeypatch, denied: str):
+    from lips_flwr.experiments import compare_out
+
+    real = compare_out.os.access
+    monkeypatch.setattr(compare_out.os, "access", lambda p, mode: real(p, mode) and not str(p).endswith(denied))
+
+
+def _result_without_identity(out: Path) -> None:
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "a-seed1.json").write_text(json.dumps({"format": "lips-flwr-result/1", "provenance": {},
+                                                           "observed": None, "app": None}))
+
+
+def _old_style_result(out: Path) -> None:
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "a-seed1.json").write_text(json.dumps({"run_config": {"num-server-rounds": 2}}))
+
+
+USER_ERRORS = {  # name: (set-up(app, out, monkeypatch), extra arguments, what the last line says)
+    "out is a file": (lambda app, out, mp: out.write_text("x"), [], "is a file: give a folder"),
+    "out below a file": (lambda app, out, mp: out.write_text("x"), ["--out-child"], "a file: give a folder"),
+    "out unwritable": (lambda app, out, mp: _no_access(mp, out.parent.name), [], "is not writable: give a folder you can write"),
+    "runs read-only": (lambda app, out, mp: ((out / "runs").mkdir(parents=True), _no_access(mp, "runs")), [],
+                       "runs' is read-only: compare writes its runs there"),
+    "summary.json a folder": (lambda app, out, mp: (out / "summary.json").mkdir(parents=True), [],
+                              "summary.json' is a folder where compare writes its summary.json"),
+    "result without identity": (lambda app, out, mp: _result_without_identity(out), [],
+                                "--recompute, runs them again and replaces those files"),
+    "result path a folder": (lambda app, out, mp: (out / "runs" / "a-seed1.json").mkdir(parents=True),
+                             ["--recompute"], "a-seed1.json' is a folder where the result file of run a-seed1"),
+    "old-style result": (lambda app, out, mp: _old_style_result(out), [],
+                         "hold no per-round observations"),
+    "broken pyproject": (lambda app, out, mp: (app / "pyproject.toml").write_text("[project\nname = 1"), [],
+                         "pyproject.toml' is not valid TOML"),
+    "unknown key": (lambda app, out, mp: None, ["--run-config", "nosuch=1"], "unknown run-config keys"),
+    "app without LIPS": (lambda app, out, mp: make_app(app, rounds=2), [],
+                         "builds no LIPS strategy, so arm A (LIPS off) would be the app as written: swap LIPS in "
+                         "as the README's \"Swap LIPS into your existing project\" shows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_each_user_error_ends_with_one_line_naming_the_file_or_the_fix(tmp_path, capsys, monkeypatch, case):
+    """These printed a traceback (KeyError, IsADirectoryError, NotADirectoryError, ...) or a bare message."""
+    pytest.importorskip("matplotlib")
+    set_up, extra, says = USER_ERRORS[case]
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    set_up(app, out, monkeypatch)
+    target = out / "child" if "--out-child" in extra else out
+    extra = [x for x in extra if x != "--out-child"]
+    made_before = out.exists()
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--out", str(target), *extra])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and "Traceback" not in err
+    assert last.startswith("lips-flwr compare: ") and says in last
+    assert case != "result without identity" or "a-seed1.json' is a damaged result file: no identity" in err
+    if not made_before:  # a refused invocation leaves no empty out/ nor runs/
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["result without identity", "old-style result"])
+def test_recompute_gets_past_a_damaged_or_old_style_result_file(tmp_path, capsys, case):
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    USER_ERRORS[case][0](app, out, None)
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--out", str(out), "--recompute"])
+    assert code == 0, capsys.readouterr().err
+    assert read_result(out / "runs" / "a-seed1.json").observed["rounds"]
+
+
+def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch):
+    from lips_flwr.experiments import compare
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run_compare", stopped)
+    code = cli.main(["compare", str(tmp_path), "--seeds", "1", "--out", str(tmp_path / "out")])
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "lips-flwr compare: stopped; run the same command to continue"
