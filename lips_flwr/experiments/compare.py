@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from .compare_lips import lips_summary
 from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
@@ -233,6 +234,8 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         summary["environments"].append({"seed": s, "same": same, "differing": differing})
     summary["error_replies"] = _errors(results)
     summary["stalled_rounds"] = _stalled(results)
+    windows = {name: sorted(s)[-last:] for name, s in series.items()}
+    summary["lips"] = lips_summary(comparison.seeds, results, windows)
     summary["provenance"] = _provenance(results)
     return summary
 

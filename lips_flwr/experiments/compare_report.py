@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .compare import Comparison, evaluate_series, layer_groups, relative_steps
+from .compare_lips import lips_lines
 from .results import write_bytes_atomic, write_json_atomic
 from .runner.store import Result
 
@@ -110,7 +111,8 @@ def report_text(comparison: Comparison, summary: dict) -> str:
     for seed, a, b, d in zip(summary["seeds"], summary["endpoint_a"], summary["endpoint_b"],
                              summary["differences"]):
         lines.append(f"| {seed} | {a:.4f} | {b:.4f} | {d:+.4f} |")
-    lines += ["", *_test_lines(summary), "", *_inertia_lines(summary["inertia_a"]), "",
+    lines += ["", *_test_lines(summary), "", *lips_lines(summary.get("lips"), summary["last"]), "",
+              *_inertia_lines(summary["inertia_a"]), "",
               *_environment_lines(summary), ""]
     errors = summary["error_replies"]
     if errors:
@@ -134,6 +136,23 @@ def _pyplot() -> Any:
     return plt
 
 
+def _integer_rounds(ax: Any) -> None:
+    """Round ticks at integers only (matplotlib would put one at 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def mark_mask_rounds(ax: Any, summary: dict) -> None:
+    """Each arm's LIPS mask rounds as vertical lines (B dotted, A dashed), as examples/paper/plot.py does."""
+    for arm, style in (("b", ":"), ("a", "--")):
+        masked = (summary.get("lips") or {}).get(arm, {}).get("mask_rounds", [])
+        for r in masked:
+            ax.axvline(r, color="0.55", lw=0.7, ls=style, zorder=0)
+        if masked:
+            ax.plot([], [], color="0.55", lw=0.7, ls=style, label=f"LIPS mask rounds ({arm.upper()})")
+
+
 def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
     plt = _pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
@@ -144,6 +163,8 @@ def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
         for row in values:
             ax.plot(rounds, row, color=color, alpha=0.2, lw=0.8)
         ax.plot(rounds, values.mean(0), color=color, lw=2, label=f"{arm.upper()} (mean of {len(curves)})")
+    mark_mask_rounds(ax, summary)
+    _integer_rounds(ax)
     ax.set(xlabel="round", ylabel=summary["metric"], title=f"{summary['metric']} per round (faint: a seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -183,6 +204,7 @@ def plot_inertia(summary: dict, results: dict[str, Result], path: Path) -> Path:
                   for i, name in enumerate(layers)]  # ("middle": every weight layer but the first and last)
         ax.set_yticks(range(len(layers)), labels, fontsize=7)
         fig.colorbar(image, ax=ax, label="log10 relative step")
+    _integer_rounds(ax)
     ax.set(xlabel="round", title=f"arm A: log10 ||w_t - w_t-1|| / ||w_t-1|| per layer, mean over "
                                  f"{len(runs)} seeds; inertia {summary['inertia_a']['verdict']}")
     return _save(plt, fig, path)
@@ -206,4 +228,4 @@ def write_report(comparison: Comparison, summary: dict, results: dict[str, Resul
     write_json_atomic(out / "summary.json", summary)
 
 
-__all__ = ["plot_curves", "plot_inertia", "report_text", "write_report"]
+__all__ = ["mark_mask_rounds", "plot_curves", "plot_inertia", "report_text", "write_report"]

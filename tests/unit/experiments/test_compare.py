@@ -15,12 +15,12 @@ pytest.importorskip("scipy")
 
 from runner_apps import make_app  # noqa: E402
 
-from lips_flwr.experiments import cli  # noqa: E402
 from lips_flwr.errors import ConfigError  # noqa: E402
+from lips_flwr.experiments import cli  # noqa: E402
 from lips_flwr.experiments.compare import Comparison, default_goal, default_metric, summarize  # noqa: E402
 from lips_flwr.experiments.runner.provenance import provenance  # noqa: E402
-from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result, write_result  # noqa: E402
+from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
 
 LAYERS = {"all": ["first.weight", "mid.weight", "last.weight"], "middle": ["mid.weight"]}
 
@@ -235,8 +235,9 @@ def test_a_run_with_no_aggregate_in_most_rounds_fails_with_the_strategys_reasons
                      "--run-config", "lr=nan", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 1 and "a run failed" in err
-    assert "3 of its 3 trained rounds did not move the global model (the model unchanged: rounds 1, 2, 3)" in err
-    assert "(round 3) LIPS: ignoring reply from node 1000: NaN or Inf in arrays" in err  # the reasons, in view
+    assert ("3 of its 3 trained rounds did not move the global model (the model unchanged: rounds 1, 2, 3)"
+            in err)
+    assert "(round 3) LIPS: ignoring reply from node 1000: NaN or Inf in arrays" in err  # the reasons
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
@@ -296,7 +297,8 @@ def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsy
     captured = capsys.readouterr()
     assert code == 1 and "metric 'nosuch'" in captured.err
     assert "removing the report of earlier runs" in captured.out
-    assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png", "inertia.png"))
+    assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png",
+                                                      "inertia.png"))
     assert read_result(out / "runs" / "b-seed1.json").identity["run_config"]["lr"] == 0.2
 
 
@@ -307,7 +309,8 @@ def _no_access(monkeypatch, denied: str):
     from lips_flwr.experiments import compare_out
 
     real = compare_out.os.access
-    monkeypatch.setattr(compare_out.os, "access", lambda p, mode: real(p, mode) and not str(p).endswith(denied))
+    monkeypatch.setattr(compare_out.os, "access",
+                        lambda p, mode: real(p, mode) and not str(p).endswith(denied))
 
 
 def _result_without_identity(out: Path) -> None:
@@ -324,7 +327,8 @@ def _old_style_result(out: Path) -> None:
 USER_ERRORS = {  # name: (set-up(app, out, monkeypatch), extra arguments, what the last line says)
     "out is a file": (lambda app, out, mp: out.write_text("x"), [], "is a file: give a folder"),
     "out below a file": (lambda app, out, mp: out.write_text("x"), ["--out-child"], "a file: give a folder"),
-    "out unwritable": (lambda app, out, mp: _no_access(mp, out.parent.name), [], "is not writable: give a folder you can write"),
+    "out unwritable": (lambda app, out, mp: _no_access(mp, out.parent.name), [],
+                       "is not writable: give a folder you can write"),
     "runs read-only": (lambda app, out, mp: ((out / "runs").mkdir(parents=True), _no_access(mp, "runs")), [],
                        "runs' is read-only: compare writes its runs there"),
     "summary.json a folder": (lambda app, out, mp: (out / "summary.json").mkdir(parents=True), [],
@@ -332,15 +336,16 @@ USER_ERRORS = {  # name: (set-up(app, out, monkeypatch), extra arguments, what t
     "result without identity": (lambda app, out, mp: _result_without_identity(out), [],
                                 "--recompute, runs them again and replaces those files"),
     "result path a folder": (lambda app, out, mp: (out / "runs" / "a-seed1.json").mkdir(parents=True),
-                             ["--recompute"], "a-seed1.json' is a folder where the result file of run a-seed1"),
+                             ["--recompute"],
+                             "a-seed1.json' is a folder where the result file of run a-seed1"),
     "old-style result": (lambda app, out, mp: _old_style_result(out), [],
                          "hold no per-round observations"),
     "broken pyproject": (lambda app, out, mp: (app / "pyproject.toml").write_text("[project\nname = 1"), [],
                          "pyproject.toml' is not valid TOML"),
     "unknown key": (lambda app, out, mp: None, ["--run-config", "nosuch=1"], "unknown run-config keys"),
     "app without LIPS": (lambda app, out, mp: make_app(app, rounds=2), [],
-                         "builds no LIPS strategy, so arm A (LIPS off) would be the app as written: swap LIPS in "
-                         "as the README's \"Swap LIPS into your existing project\" shows"),
+                         "builds no LIPS strategy, so arm A (LIPS off) would be the app as written: swap "
+                         "LIPS in as the README's \"Swap LIPS into your existing project\" shows"),
 }
 
 
@@ -388,3 +393,65 @@ def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch
     code = cli.main(["compare", str(tmp_path), "--seeds", "1", "--out", str(tmp_path / "out")])
     assert code == 130
     assert capsys.readouterr().err.strip() == "lips-flwr compare: stopped; run the same command to continue"
+
+
+# --------------------------------------------------------------------------- what LIPS did
+
+
+def test_the_report_shows_each_arms_mask_rounds_tau_and_masked_fraction_per_layer_group(tmp_path):
+    """Neither report.md nor the curves said when arm B masked, how much, or in which layers."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import mark_mask_rounds, write_report
+
+    results = write_runs(tmp_path, {1: [0.5] * 6, 2: [0.5] * 6}, {1: [0.5] * 6, 2: [0.6] * 6})
+    for seed in (1, 2):  # arm B masked in rounds 1 and 6 (every=5, tau0=0.5 decaying), as the runner records
+        path = tmp_path / f"b-seed{seed}.json"
+        data = json.loads(path.read_text())
+        rounds = data["observed"]["rounds"]
+        rounds["1"]["strategy"] = {"lips-mask-round": 1, "lips-tau": 0.5}
+        rounds["1"]["zeros"] = {"first": 0.0, "middle": 0.5, "last": 0.0}
+        rounds["6"]["strategy"] = {"lips-mask-round": 1, "lips-tau": 0.25}
+        rounds["6"]["zeros"] = {"first": 0.0, "middle": 0.25 + 0.01 * seed, "last": 0.0}
+        rounds["3"]["strategy"] = {"lips-mask-round": 0, "lips-tau": 0.0}
+        path.write_text(json.dumps(data))
+        results[f"b-seed{seed}"] = read_result(path)
+    comparison = Comparison(tmp_path, (1, 2), last=2)
+    summary = summarize(comparison, results)
+    assert summary["lips"]["a"]["mask_rounds"] == [] and summary["lips"]["b"]["mask_rounds"] == [1, 6]
+    assert summary["lips"]["b"]["rounds"]["6"] == {"tau": 0.25, "runs": 2, "zeros": {
+        "first": 0.0, "middle": pytest.approx(0.265), "last": 0.0}}
+    assert summary["lips"]["b"]["in_endpoint_window"] == [6]  # the last 2 evaluated rounds: 5 and 6
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "## What LIPS did" in text and "- arm A: no mask round (nothing masked)." in text
+    assert "- arm B: mask rounds 1, 6 (over its 2 runs)." in text
+    assert "  | 6 | 0.2500 | 2 | 0.000 | 0.265 | 0.000 |" in text
+    assert "Mask rounds 6 fall inside the endpoint window (the last 2 evaluated rounds)" in text
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    mark_mask_rounds(ax, summary)
+    marks = sorted(line.get_xdata()[0] for line in ax.get_lines() if len(line.get_xdata()) == 2)
+    assert marks == [1, 6] and "LIPS mask rounds (B)" in [line.get_label() for line in ax.get_lines()]
+    plt.close(fig)
+
+
+def test_the_committed_quick_comparison_still_reads_with_its_mask_rounds():
+    """Result files written before the runner kept the strategy's metrics: their app records tell."""
+    from unit_paths import REPO
+
+    from lips_flwr.experiments.compare_report import report_text
+
+    folder = REPO / "docs" / "results" / "compare-quick"
+    written = json.loads((folder / "summary.json").read_text())
+    seeds = tuple(written["seeds"])
+    results = {f"{arm}-seed{s}": read_result(folder / "runs" / f"{arm}-seed{s}.json") for arm in "ab"
+               for s in seeds}
+    comparison = Comparison(folder, seeds, metric=written["metric"], last=written["last"],
+                            run_config=written["run_config"], num_nodes=written["num_nodes"])
+    summary = summarize(comparison, results)
+    assert summary["differences"] == pytest.approx(written["differences"])
+    assert summary["lips"]["a"]["mask_rounds"] == []
+    assert summary["lips"]["b"]["mask_rounds"][:2] == [1, 6]
+    assert summary["lips"]["b"]["rounds"]["1"]["zeros"] is None
+    assert "(not recorded)" in report_text(comparison, summary)

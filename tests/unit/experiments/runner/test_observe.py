@@ -87,7 +87,8 @@ def test_the_strategys_lips_metrics_mask_rounds_and_server_evaluation_are_kept(t
 
     def strategy_says(rnd: int) -> None:
         if rnd == 2:
-            log(INFO, "LIPS: round %d masked %d weights in %d layers (tau=%.4f, %.3fs)", 2, 3, 1, 0.3333, 0.01)
+            log(INFO, "LIPS: round %d masked %d weights in %d layers (tau=%.4f, %.3fs)",
+                2, 3, 1, 0.3333, 0.01)
         log(INFO, "\t└──> Aggregated MetricRecord: %s",
             MetricRecord({"lips-tau": 0.3333 if rnd == 2 else 0.0, "lips-mask-round": int(rnd == 2),
                           "loss": 1.0}))
