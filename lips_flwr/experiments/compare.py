@@ -117,6 +117,19 @@ class Comparison:
         return out
 
 
+def app_name(comparison: Comparison, result: Result) -> str:
+    """The app's name from its ``pyproject.toml`` (as its runs' identity has it), else its folder's name."""
+    name = ((result.identity or {}).get("app") or {}).get("name")
+    if not name:
+        from .runner.apps import load_app
+
+        try:
+            name = load_app(comparison.app).name
+        except (OSError, ValueError):  # (older result files, an app moved or gone since)
+            name = comparison.app.name
+    return str(name)
+
+
 def evaluate_series(result: Result, metric: str) -> dict[int, float]:
     """Round -> the clients' weighted mean of evaluate metric ``metric`` (rounds that have it)."""
     rounds = (result.observed or {}).get("rounds", {})
@@ -157,15 +170,18 @@ def layer_groups(result: Result) -> tuple[list[str], list[str]]:
 
 
 def _inertia(results_a: list[Result]) -> dict:
-    rhos = []
+    """Arm A's inertia verdict, its runs' ``rho``, and the fewest rounds of a run (``rounds``)."""
+    rhos, lasts = [], []
     for result in results_a:
         all_layers, middle = layer_groups(result)
         edges = [name for name in all_layers if name not in middle]
         last = max((int(r) for r in (result.observed or {}).get("rounds", {})), default=0)
+        lasts.append(last)
         rho = inertia_rho(relative_steps(result), middle, edges, last) if last >= MIN_ROUNDS else None
         if rho is not None:
             rhos.append(rho)
-    return {**inertia_verdict(rhos), "per_run": rhos}
+    return {**inertia_verdict(rhos), "per_run": rhos, "rounds": min(lasts, default=0),
+            "needs_rounds": MIN_ROUNDS}
 
 
 def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
@@ -208,8 +224,8 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     b = [endpoint(series[f"b-seed{s}"], last) for s in comparison.seeds]
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
-        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric,
-        "goal": goal, "last": last,
+        "app": str(comparison.app), "app_name": app_name(comparison, first), "seeds": list(comparison.seeds),
+        "metric": metric, "goal": goal, "last": last,
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},

@@ -39,6 +39,13 @@ def _goal_words(summary: dict) -> str:
     return f"{'higher' if goal == 'max' else 'lower'} is better (--goal {goal})"
 
 
+def _metric_words(summary: dict) -> str:
+    """Which metric the endpoint reads: the clients' (weighted) or the ServerApp's own evaluation."""
+    if summary.get("metric_source") == "server":
+        return f"the ServerApp's own evaluate metric `{summary['metric']}` (its `evaluate_fn`)"
+    return f"the clients' evaluate metric `{summary['metric']}` averaged with `num-examples` weights"
+
+
 def _ahead(summary: dict) -> int:
     """The seeds on which B did better than A by the goal."""
     return summary["losses"] if summary.get("goal", "max") == "min" else summary["wins"]
@@ -48,24 +55,36 @@ def _test_lines(summary: dict) -> list[str]:
     if summary["n"] == 1:
         return [f"B - A: {summary['diff_mean']:+.4f} on one seed: no test (a paired test needs two seeds or "
                 "more)."]
+    sign = f"p = {summary['p_sign']:.3g} (exact sign test)"
     if summary["ci95"] is None:
         return [f"B - A: {summary['diff_mean']:+.4f} on every one of the {summary['n']} seeds: zero "
-                f"variance, so no t-test and no CI; p = {summary['p_sign']:.3g} (exact sign test).", "",
+                f"variance, so no t-test and no CI; {sign}.", "",
                 f"**Verdict: {summary['verdict']}** (a verdict needs a t-test)."]
+    test = (f"paired t-test over {summary['n']} seeds at 95%, with the exact sign test beside it: *B "
+            "better* when p < 0.05 and the 95% CI lies on the better side of 0, *B worse* when p < 0.05 and "
+            "it lies on the worse side, else *no difference detected*")
+    ahead = f"B better on {_ahead(summary)} of {summary['n']} seeds ({_goal_words(summary)})"
+    if summary["n"] == 2:  # (t on 1 degree of freedom: the CI is +-12.7 standard errors, often past [-1, 1])
+        return [f"B - A: mean {summary['diff_mean']:+.4f}, p = {summary['p_t']:.3g} (t), {sign}; {ahead}. "
+                "**2 seeds cannot bound the effect**: a t interval on one degree of freedom spans 12.7 "
+                "standard errors either side of the mean; run 6 seeds or more to bound it.", "",
+                f"**Verdict: {summary['verdict']}** ({test})."]
     low, high = summary["ci95"]
     return [f"B - A: mean {summary['diff_mean']:+.4f}, 95% CI [{low:+.4f}, {high:+.4f}] (paired t, "
-            f"ddof = 1), p = {summary['p_t']:.3g} (t), p = {summary['p_sign']:.3g} (exact sign test); "
-            f"B better on {_ahead(summary)} of {summary['n']} seeds ({_goal_words(summary)}).", "",
-            f"**Verdict: {summary['verdict']}** (paired t-test over {summary['n']} seeds at 95%: *B better* "
-            "when p < 0.05 and the CI lies on the better side of 0, *B worse* when p < 0.05 and it lies on "
-            "the worse side, else *no difference detected*; the CI is then the range of effects these seeds "
-            "cannot rule out)."]
+            f"ddof = 1), p = {summary['p_t']:.3g} (t), {sign}; {ahead}.", "",
+            f"**Verdict: {summary['verdict']}** ({test}; the CI is the range of effects these seeds cannot "
+            "rule out)."]
 
 
 def _inertia_lines(inertia: dict) -> list[str]:
     if not inertia["runs"]:
-        return ["Inertia (arm A): not measured: the study protocol's rule compares rounds 2-6 with the last "
-                "10 rounds (16 rounds or more), every weight layer with its relative steps."]
+        needs, has = inertia.get("needs_rounds", 16), inertia.get("rounds")
+        if has is not None and has < needs:
+            why = f"it needs {needs} rounds or more; this run has {has}"
+        else:
+            why = "no run of arm A had relative steps of every weight layer in both windows"
+        return [f"Inertia (arm A): not measured: {why} (the study protocol's rule compares the relative "
+                "steps of rounds 2-6 with those of the last 10 rounds)."]
     return [f"Inertia (arm A, late/early relative step per layer, the study protocol's rule): middle layers' "
             f"median rho {inertia['middle']:.3f}, first and last layers' {inertia['edges']:.3f} (medians "
             f"over runs); inertia arises in {inertia['arises_in']} of {inertia['runs']} runs: it "
@@ -100,13 +119,13 @@ def _stalled_lines(stalled: dict) -> list[str]:
 
 def report_text(comparison: Comparison, summary: dict) -> str:
     arm_a, arm_b = _arms(comparison)
-    lines = [f"# Does it help? `{comparison.app.name}`: B vs A over {summary['n']} paired seeds", "",
+    name = summary.get("app_name") or comparison.app.name
+    lines = [f"# Does it help? `{name}`: B vs A over {summary['n']} paired seeds", "",
              f"- A: {arm_a}", f"- B: {arm_b}",
              f"- both: run config {_overrides(comparison.run_config)}, {comparison.num_nodes} nodes, "
              f"engine {summary['engine']}, seeds {', '.join(map(str, summary['seeds']))}",
-             f"- endpoint: the clients' evaluate metric `{summary['metric']}` averaged with `num-examples` "
-             f"weights, mean over each run's last {summary['last']} evaluated rounds; "
-             f"{_goal_words(summary)}", "",
+             f"- endpoint: one number per run, the mean of its last {summary['last']} evaluated rounds of "
+             f"{_metric_words(summary)}; {_goal_words(summary)}", "",
              "| seed | A | B | B - A |", "| --- | --- | --- | --- |"]
     for seed, a, b, d in zip(summary["seeds"], summary["endpoint_a"], summary["endpoint_b"],
                              summary["differences"]):

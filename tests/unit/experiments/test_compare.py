@@ -455,3 +455,53 @@ def test_the_committed_quick_comparison_still_reads_with_its_mask_rounds():
     assert summary["lips"]["b"]["mask_rounds"][:2] == [1, 6]
     assert summary["lips"]["b"]["rounds"]["1"]["zeros"] is None
     assert "(not recorded)" in report_text(comparison, summary)
+
+
+# --------------------------------------------------------------------------- a report a newcomer reads right
+
+
+def test_the_report_reads_right_to_a_newcomer(tmp_path, monkeypatch):
+    """The title was the folder's name, the 2-seed CI a bare interval, the inertia line said no numbers."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import compare_report
+
+    results = write_runs(tmp_path, {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.7], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.71]},
+                         {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.9], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.72]})
+    for name in results:  # the app's name, as the runner's identity holds it (from its pyproject.toml)
+        path = tmp_path / f"{name}.json"
+        data = json.loads(path.read_text())
+        data["identity"]["app"] = {"name": "my-flower-app", "digest": "x"}
+        path.write_text(json.dumps(data))
+        results[name] = read_result(path)
+    comparison = Comparison(tmp_path / "some-folder", (1, 2), last=1)
+    summary = summarize(comparison, results)
+    figures = []
+    monkeypatch.setattr(compare_report, "write_bytes_atomic", lambda path, data: None)
+    real_save = compare_report._save
+    monkeypatch.setattr(compare_report, "_save", lambda plt, fig, path: (figures.append(fig.axes[0]
+                                                                                        .get_xticks()),
+                                                                         real_save(plt, fig, path)))
+    compare_report.write_report(comparison, summary, results, tmp_path)
+    text = compare_report.report_text(comparison, summary)
+    assert text.startswith("# Does it help? `my-flower-app`: B vs A over 2 paired seeds")
+    assert "- endpoint: one number per run, the mean of its last 1 evaluated rounds of the clients'" in text
+    assert "**2 seeds cannot bound the effect**" in text and "95% CI [" not in text
+    assert "(paired t-test over 2 seeds at 95%, with the exact sign test beside it: *B better* when" in text
+    assert "Inertia (arm A): not measured: it needs 16 rounds or more; this run has 6" in text
+    assert all(float(t).is_integer() for ticks in figures for t in ticks)  # integer round ticks
+
+
+def test_round_ticks_are_integers(tmp_path, monkeypatch):
+    """Two rounds got ticks at 1.0, 1.2, ... 2.0."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import compare_report
+
+    steps = {"first.weight": [0.1, 0.1], "mid.weight": [0.1, 0.1], "last.weight": [0.1, 0.1]}
+    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.8]}, steps=steps)
+    summary = summarize(Comparison(tmp_path, (1, 2), last=1), results)
+    ticks = []
+    monkeypatch.setattr(compare_report, "_save", lambda plt, fig, path: (ticks.append(fig.axes[0].get_xticks()),
+                                                                         plt.close(fig)))
+    compare_report.plot_curves(summary, results, tmp_path / "c.png")
+    compare_report.plot_inertia(summary, results, tmp_path / "i.png")
+    assert len(ticks) == 2 and all(float(t).is_integer() for found in ticks for t in found)
