@@ -497,11 +497,12 @@ def test_round_ticks_are_integers(tmp_path, monkeypatch):
     from lips_flwr.experiments import compare_report
 
     steps = {"first.weight": [0.1, 0.1], "mid.weight": [0.1, 0.1], "last.weight": [0.1, 0.1]}
-    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.8]}, steps=steps)
+    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.8]},
+                         steps=steps)
     summary = summarize(Comparison(tmp_path, (1, 2), last=1), results)
     ticks = []
-    monkeypatch.setattr(compare_report, "_save", lambda plt, fig, path: (ticks.append(fig.axes[0].get_xticks()),
-                                                                         plt.close(fig)))
+    monkeypatch.setattr(compare_report, "_save",
+                        lambda plt, fig, path: (ticks.append(fig.axes[0].get_xticks()), plt.close(fig)))
     compare_report.plot_curves(summary, results, tmp_path / "c.png")
     compare_report.plot_inertia(summary, results, tmp_path / "i.png")
     assert len(ticks) == 2 and all(float(t).is_integer() for found in ticks for t in found)
