@@ -36,10 +36,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from .compare_lips import lips_summary
+from .compare_metric import MetricWatch, choose_metric, default_metric, evaluate_series, unknown_metric
 from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec
-from .runner.store import Result, read_result
+from .runner.store import Result, read_result, staging_path
 from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdict, paired, verdict
 
@@ -130,23 +131,6 @@ def app_name(comparison: Comparison, result: Result) -> str:
     return str(name)
 
 
-def evaluate_series(result: Result, metric: str) -> dict[int, float]:
-    """Round -> the clients' weighted mean of evaluate metric ``metric`` (rounds that have it)."""
-    rounds = (result.observed or {}).get("rounds", {})
-    return {int(r): float(entry["evaluate"]["metrics"][metric]) for r, entry in rounds.items()
-            if metric in entry.get("evaluate", {}).get("metrics", {})}
-
-
-def default_metric(result: Result) -> str:
-    """The first evaluate metric whose name contains ``acc``, in the lowest node's reply order."""
-    keys = (result.observed or {}).get("evaluate_keys") or []
-    found = next((k for k in keys if "acc" in k), None)
-    if found is None:
-        raise ConfigError(f"no evaluate metric of {result.path.name} has 'acc' in its name (the clients "
-                         f"report {keys or 'no evaluate metrics'}): name one with --metric")
-    return found
-
-
 def endpoint(series: dict[int, float], last: int) -> float:
     """The mean of the last ``last`` evaluated rounds of ``series``."""
     rounds = sorted(series)[-last:]
@@ -208,14 +192,13 @@ def _stalled(results: dict[str, Result]) -> dict[str, dict[str, list[int]]]:
 def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     """``summary.json``'s content from the runs' result files (see the module docstring)."""
     first = results[f"a-seed{comparison.seeds[0]}"]
-    metric = comparison.metric or default_metric(first)
+    metric, source = choose_metric(first.observed, comparison.metric, first.path.name)
     check_metric(metric, comparison.goal)
     goal = comparison.goal or default_goal(metric)
-    series = {name: evaluate_series(result, metric) for name, result in results.items()}
+    series = {name: evaluate_series(result, metric, source) for name, result in results.items()}
     empty = sorted(name for name, s in series.items() if not s)
     if empty:
-        raise ConfigError(f"evaluate metric {metric!r} is in no round of {empty}; the clients report "
-                         f"{first.observed and first.observed.get('evaluate_keys')}")
+        raise unknown_metric(metric, first.observed, empty)
     shortest = min(len(s) for s in series.values())
     last = comparison.last if comparison.last is not None else min(DEFAULT_LAST, shortest)
     if not 1 <= last <= shortest:
@@ -225,7 +208,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
         "app": str(comparison.app), "app_name": app_name(comparison, first), "seeds": list(comparison.seeds),
-        "metric": metric, "goal": goal, "last": last,
+        "metric": metric, "metric_source": source, "goal": goal, "last": last,
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
@@ -285,7 +268,9 @@ def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recomput
     made = made_folders(out / "runs")
     try:
         prepared_sweep(specs, out, recompute, progress)
-        paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress)
+        first = specs[0].name  # (its first evaluated round tells whether the metric is there)
+        watch = MetricWatch(comparison.metric, first, staging_path(out / "runs", first), progress)
+        paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=watch)
     except BaseException:
         remove_made(made)  # (a refused sweep leaves no empty runs/; a stopped run's staging stays)
         raise

@@ -176,7 +176,9 @@ def plot_curves(summary: dict, results: dict[str, Result], path: Path) -> Path:
     plt = _pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     for color, arm in (("C0", "a"), ("C3", "b")):
-        curves = [evaluate_series(results[f"{arm}-seed{s}"], summary["metric"]) for s in summary["seeds"]]
+        curves = [evaluate_series(results[f"{arm}-seed{s}"], summary["metric"], summary.get("metric_source",
+                                                                                            "clients"))
+                  for s in summary["seeds"]]
         rounds = sorted(set.intersection(*(set(c) for c in curves)))
         values = np.array([[c[r] for r in rounds] for c in curves])
         for row in values:

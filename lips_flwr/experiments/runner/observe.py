@@ -334,9 +334,11 @@ class RunObserver:
             if not any("train" in entry for entry in self.rounds.values()):
                 raise RunFailed("no round trained: the ServerApp sent no train instruction the runner read")
             self._check_progress()
-            if require_evaluate and not any(entry.get("evaluate", {}).get("metrics")
-                                            for entry in self.rounds.values()):
-                raise RunFailed("no round was evaluated: no evaluate reply carried metrics")
+            if require_evaluate and not any(
+                    entry.get("evaluate", {}).get("metrics") or r >= 1 and entry.get("server_evaluate")
+                    for r, entry in self.rounds.items()):
+                raise RunFailed("no round was evaluated: no evaluate reply carried metrics, nor did the "
+                                "ServerApp evaluate")
 
 
     def _check_progress(self) -> None:

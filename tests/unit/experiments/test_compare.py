@@ -293,9 +293,9 @@ def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsy
     assert (out / "report.md").exists() and (out / "summary.json").exists()
     assert cli.main([*base, "--metric", "accuracy"]) == 0  # every run reused: the report stays, rewritten
     assert "removing the report" not in capsys.readouterr().out
-    code = cli.main([*base, "--recompute", "--run-config", "lr=0.2", "--metric", "nosuch"])
+    code = cli.main([*base, "--recompute", "--run-config", "lr=0.2", "--last", "5"])  # fails after its runs
     captured = capsys.readouterr()
-    assert code == 1 and "metric 'nosuch'" in captured.err
+    assert code == 1 and "--last 5: the runs have 2 evaluated rounds" in captured.err
     assert "removing the report of earlier runs" in captured.out
     assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png",
                                                       "inertia.png"))
@@ -506,3 +506,46 @@ def test_round_ticks_are_integers(tmp_path, monkeypatch):
     compare_report.plot_curves(summary, results, tmp_path / "c.png")
     compare_report.plot_inertia(summary, results, tmp_path / "i.png")
     assert len(ticks) == 2 and all(float(t).is_integer() for found in ticks for t in found)
+
+
+# --------------------------------------------------------------------------- the ServerApp's metrics
+
+
+def test_the_serverapps_own_evaluation_is_a_metric_too_and_the_report_says_so(tmp_path):
+    """An app that measures accuracy with evaluate_fn: --metric accuracy failed, after every run."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import report_text
+
+    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.6]}, {1: [0.5, 0.6], 2: [0.5, 0.6]})
+    for name, result in list(results.items()):
+        data = json.loads(result.path.read_text())
+        for r, entry in data["observed"]["rounds"].items():
+            accuracy = 0.1 * int(r) + (0.05 if name[0] == "b" else 0)
+            entry["server_evaluate"] = {"metrics": {"accuracy": accuracy}}
+        data["observed"]["rounds"]["0"] = {"server_evaluate": {"metrics": {"accuracy": 0.0}}}
+        result.path.write_text(json.dumps(data))
+        results[name] = read_result(result.path)
+    comparison = Comparison(tmp_path, (1, 2), metric="accuracy", last=2)
+    summary = summarize(comparison, results)
+    assert summary["metric_source"] == "server" and summary["endpoint_a"] == pytest.approx([0.15, 0.15])
+    assert summary["differences"] == pytest.approx([0.05, 0.05])  # (round 0, the initial model, left out)
+    text = report_text(comparison, summary)
+    assert "the ServerApp's own evaluate metric `accuracy` (its `evaluate_fn`)" in text
+    clients = summarize(Comparison(tmp_path, (1, 2), last=2), results)
+    assert clients["metric"] == "acc" and clients["metric_source"] == "clients"  # the clients' acc first
+
+
+def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_first_run(tmp_path, capsys):
+    """It was found only after every run of the sweep had finished."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=4)
+    code = cli.main(["compare", str(app), "--seeds", "1,2", "--num-supernodes", "2", "--engine", "sequential",
+                     "--metric", "nosuch", "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.strip().splitlines()[-1] == (
+        "lips-flwr compare: evaluate metric 'nosuch' is in no round of ['a-seed1']; the clients report "
+        "['loss', 'accuracy', 'num-examples']")
+    assert "[a-seed1] round 2" in captured.out and "[a-seed1] round 4" not in captured.out
+    assert "[b-seed1] started" not in captured.out
+    assert not (tmp_path / "out" / "runs" / "a-seed1.json").exists()
