@@ -9,20 +9,24 @@ one runner (:func:`~.sweep.run_sweep`):
 - with ``a``/``b`` overrides, each arm is the app with its own run-config
   overrides (nothing forced).
 
-The runs go to ``<out>/runs/<a|b>-seed<k>.json``. The **endpoint** of a run
-is the mean over its last ``K`` evaluated rounds (default ``min(10,
-rounds)``) of the clients' evaluate metric ``NAME`` averaged with
-``num-examples`` weights (default: the first evaluate metric whose name
-contains ``acc``, in the lowest node's reply order). Per seed, ``B - A``;
-over seeds, the paired t-test with its 95% CI (ddof = 1) and the exact sign
-test (:mod:`.stats`), and a verdict in the study protocol's words (no t-test,
-CI or verdict from one seed, nor when every seed gave the same difference). The
+The runs go to ``<out>/runs/<a|b>-seed<k>.json``, after the checks of
+:mod:`.compare_out`. The **endpoint** of a run is the mean over its last
+``K`` evaluated rounds (default ``min(10, rounds)``) of evaluate metric
+``NAME``: the clients' (averaged with ``num-examples`` weights) or the
+ServerApp's own (:mod:`.compare_metric`; default: the first whose name
+contains ``acc``). Which way is better is the **goal** (``max``, or ``min``
+by default for a name with ``loss``, ``error`` or ``err``). Per seed,
+``B - A``; over seeds, the paired t-test with its 95% CI (ddof = 1) and the
+exact sign test (:mod:`.stats`), and a verdict in plain words that follow the
+goal: *B better*, *B worse* or *no difference detected* (no t-test, CI or
+verdict from one seed, nor when every seed gave the same difference). The
 **inertia verdict** of arm A applies the protocol's rule to the relative
-steps of the global models the runner saw. ``summary.json`` also names
-the code and libraries that made it and each run's code (``provenance``).
-``<out>/summary.json``,
-``<out>/report.md``, ``<out>/curves.png`` and ``<out>/inertia.png`` hold it
-all (:mod:`.compare_report`).
+steps of the global models the runner saw. The summary also flags the rounds
+that did not move a run's global model, says what LIPS did in each arm
+(:mod:`.compare_lips`), and names the code and libraries that made it and
+each run's code (``provenance``). ``<out>/summary.json``, ``<out>/report.md``,
+``<out>/curves.png`` and ``<out>/inertia.png`` hold it all
+(:mod:`.compare_report`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdi
 DEFAULT_LAST = 10
 GOALS = ("max", "min")
 LOWER_IS_BETTER = ("loss", "error", "err")  # a metric named with one of these defaults to --goal min
-VERDICTS = ("B better", "B worse", "no difference detected")
 
 
 def default_goal(metric: str) -> str:

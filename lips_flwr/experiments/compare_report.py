@@ -1,11 +1,12 @@
 """What ``lips-flwr compare`` writes: ``summary.json``, ``report.md``, ``curves.png`` and ``inertia.png``.
 
 ``curves.png``: left, both arms' mean curves of the endpoint metric per
-round with each seed's curve faint; right, each seed's paired difference
-``B - A`` with their mean and 95% CI. ``inertia.png``: arm A's relative step
-per weight layer and round, ``log10``, averaged over its seeds, layers in the
-model's order with the first and last marked.
-"""
+round with each seed's curve faint, LIPS's mask rounds marked (B dotted, A
+dashed); right, each seed's paired difference ``B - A`` with their mean and
+95% CI. ``inertia.png``: arm A's relative step per weight layer and round,
+``log10``, averaged over its seeds, layers in the model's order with the
+first and last marked. Round ticks are integers. Every file is written
+atomically, ``summary.json`` last."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _test_lines(summary: dict) -> list[str]:
     test = (f"paired t-test over {summary['n']} seeds at 95%, with the exact sign test beside it: *B "
             "better* when p < 0.05 and the 95% CI lies on the better side of 0, *B worse* when p < 0.05 and "
             "it lies on the worse side, else *no difference detected*")
-    ahead = f"B better on {_ahead(summary)} of {summary['n']} seeds ({_goal_words(summary)})"
+    ahead = f"B better on {_ahead(summary)} of {summary['n']} seeds"
     if summary["n"] == 2:  # (t on 1 degree of freedom: the CI is +-12.7 standard errors, often past [-1, 1])
         return [f"B - A: mean {summary['diff_mean']:+.4f}, p = {summary['p_t']:.3g} (t), {sign}; {ahead}. "
                 "**2 seeds cannot bound the effect**: a t interval on one degree of freedom spans 12.7 "
