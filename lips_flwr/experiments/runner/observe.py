@@ -22,7 +22,8 @@
   round's ``tau`` (and zeros), or why it was not masked; ``no_aggregate``
   when the strategy said the round had none; ``server_evaluate``, the
   ServerApp's own evaluation (``evaluate_fn``; round 0: the initial model).
-  The last WARNING and ERROR lines are kept (``warnings``).
+  The last WARNING and ERROR lines are kept (``warnings``), and the rounds
+  that did not move the global model, by why (``stalled_rounds``).
 
 A run fails (:meth:`RunObserver.check`) when most of its trained rounds
 did not move the global model (:func:`stalled_rounds`: no aggregate, a model
@@ -296,7 +297,7 @@ class RunObserver:
         with self._lock:
             return {"rounds": {str(r): self.rounds[r] for r in sorted(self.rounds)}, "layers": self.layers,
                     "evaluate_keys": self.evaluate_keys, "first_round": self.first_round,
-                    "warnings": list(self.warnings)}
+                    "warnings": list(self.warnings), "stalled_rounds": stalled_rounds(self.rounds)}
 
     def save(self) -> None:
         """Keep the observations so far in the staging folder (a resumed run starts from them)."""

@@ -64,6 +64,7 @@ def test_rounds_without_an_aggregate_fail_a_run_with_the_strategys_reasons(task_
     rounds = observer.record()["rounds"]
     assert stalled_rounds(rounds) == {"no_aggregate": [2, 3, 4], "unchanged": [2, 3, 4], "nonfinite": []}
     assert rounds["3"]["no_aggregate"] is True
+    assert observer.record()["stalled_rounds"] == stalled_rounds(rounds)  # kept in the result file
     assert "round 3 has no aggregate" in observer.record()["warnings"][1]
     with pytest.raises(RunFailed, match=r"3 of its 4 trained rounds did not move the global model \(no "
                                         r"aggregate: rounds 2, 3, 4; the model unchanged: rounds 2, 3, 4\)"
