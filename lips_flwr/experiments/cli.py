@@ -3,11 +3,14 @@
 Exit status: 0 when every run finished and the report is written; 1 when a
 run failed (its error and first client error on stderr), the sweep was
 refused before running (e.g. a result file of other settings: ``--recompute``;
-an unknown run-config key) or the report cannot be made from the runs (e.g.
+an unknown run-config key; ``--out`` not a writable folder; an app without
+LIPS under the default arms) or the report cannot be made from the runs (e.g.
 ``--last`` more than the runs' evaluated rounds); 2 for a usage error found
 in the arguments alone (argparse's: a missing option, a seed twice in ``--seeds``,
-``--last``, ``--num-supernodes`` or ``--jobs`` below 1) or missing extras.
-"""
+``--last``, ``--num-supernodes`` or ``--jobs`` below 1) or missing extras;
+130 when stopped (Ctrl-C: the same command continues). Every exit 1 or 130
+ends with one ``lips-flwr compare: ...`` line naming the file or the fix,
+never a traceback."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from .runner.stall import DEFAULT_STALL_TIMEOUT
 
+STOPPED_EXIT = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
 
 
@@ -77,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
                               "`flwr run` would use: the app's federation, your Flower config's, else "
                               "Flower's default, 2)")
     compare.add_argument("--metric", default=None, help="the evaluate metric (default: the first with 'acc')")
+    compare.add_argument("--goal", choices=("max", "min"), default=None,
+                         help="which way the metric is better (default: min for a name with loss, error "
+                              "or err, else max)")
     compare.add_argument("--last", type=_positive, default=None,
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
@@ -94,11 +101,29 @@ def missing_extras() -> list[str]:
     return [name for name in EXTRAS if importlib.util.find_spec(name) is None]
 
 
+STOPPED = "stopped; run the same command to continue"
+NO_LIPS_FIX = ("builds no LIPS strategy, so arm A (LIPS off) would be the app as written: swap LIPS in "
+               "as the README's \"Swap LIPS into your existing project\" shows (`from lips_flwr.strategies "
+               "import LIPS`, then `strategy = LIPS(strategy, tau0=0.5, every=5)`; legacy API: "
+               "`LegacyLIPS`), or give each arm its settings with --a KEY=VALUE --b KEY=VALUE")
+
+
+def _say(text: str) -> None:
+    """``text`` on stderr, its first and last lines as ``lips-flwr compare: ...`` (the last names the fix)."""
+    lines = text.strip().splitlines() or [""]
+    shown = [f"lips-flwr compare: {lines[0]}", *lines[1:-1]]
+    if len(lines) > 1:
+        shown.append(f"lips-flwr compare: {lines[-1].strip().strip('()')}")
+    print("\n".join(shown), file=sys.stderr)
+
+
 def compare_main(args: argparse.Namespace) -> int:
+    """Run ``compare``; every failure ends with one ``lips-flwr compare: ...`` line (see the module)."""
     from .compare import Comparison, run_compare
     from .runner.apps import parse_overrides
     from .runner.federation import node_count
     from .runner.sweep import SweepFailed
+    from .runner.worker import NO_LIPS
 
     try:
         common, federation = parse_overrides(args.run_config)
@@ -108,14 +133,22 @@ def compare_main(args: argparse.Namespace) -> int:
         print(f"lips-flwr compare: {nodes}", flush=True)
         comparison = Comparison(app=args.app.resolve(), seeds=args.seeds, a=a, b=b, run_config=common,
                                 num_nodes=nodes.nodes, metric=args.metric, last=args.last, engine=args.engine,
-                                num_nodes_from=nodes.source)
+                                num_nodes_from=nodes.source, goal=args.goal)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
                               progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout)
+    except KeyboardInterrupt:
+        _say(STOPPED)
+        return STOPPED_EXIT
     except SweepFailed as err:
+        if NO_LIPS in str(err):  # (the app's fault, not a run's: the fix, not a traceback)
+            _say(f"{str(args.app)!r} {NO_LIPS_FIX}")
+            return 1
         print(f"lips-flwr compare: a run failed:\n{err}", file=sys.stderr)
+        _say(f"a run failed (above: its error and its first client error); the runs done are kept in "
+             f"{str(args.out / 'runs')!r}")
         return 1
-    except ValueError as err:
-        print(f"lips-flwr compare: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # LipsError, and what the file system refused (naming the file)
+        _say(str(err))
         return 1
     print((args.out / "report.md").read_text())
     print(f"verdict: {summary['verdict']}; written to {args.out}")

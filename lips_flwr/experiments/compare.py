@@ -9,20 +9,24 @@ one runner (:func:`~.sweep.run_sweep`):
 - with ``a``/``b`` overrides, each arm is the app with its own run-config
   overrides (nothing forced).
 
-The runs go to ``<out>/runs/<a|b>-seed<k>.json``. The **endpoint** of a run
-is the mean over its last ``K`` evaluated rounds (default ``min(10,
-rounds)``) of the clients' evaluate metric ``NAME`` averaged with
-``num-examples`` weights (default: the first evaluate metric whose name
-contains ``acc``, in the lowest node's reply order). Per seed, ``B - A``;
-over seeds, the paired t-test with its 95% CI (ddof = 1) and the exact sign
-test (:mod:`.stats`), and a verdict in the study protocol's words (no t-test,
-CI or verdict from one seed, nor when every seed gave the same difference). The
+The runs go to ``<out>/runs/<a|b>-seed<k>.json``, after the checks of
+:mod:`.compare_out`. The **endpoint** of a run is the mean over its last
+``K`` evaluated rounds (default ``min(10, rounds)``) of evaluate metric
+``NAME``: the clients' (averaged with ``num-examples`` weights) or the
+ServerApp's own (:mod:`.compare_metric`; default: the first whose name
+contains ``acc``). Which way is better is the **goal** (``max``, or ``min``
+by default for a name with ``loss``, ``error`` or ``err``). Per seed,
+``B - A``; over seeds, the paired t-test with its 95% CI (ddof = 1) and the
+exact sign test (:mod:`.stats`), and a verdict in plain words that follow the
+goal: *B better*, *B worse* or *no difference detected* (no t-test, CI or
+verdict from one seed, nor when every seed gave the same difference). The
 **inertia verdict** of arm A applies the protocol's rule to the relative
-steps of the global models the runner saw. ``summary.json`` also names
-the code and libraries that made it and each run's code (``provenance``).
-``<out>/summary.json``,
-``<out>/report.md``, ``<out>/curves.png`` and ``<out>/inertia.png`` hold it
-all (:mod:`.compare_report`).
+steps of the global models the runner saw. The summary also flags the rounds
+that did not move a run's global model, says what LIPS did in each arm
+(:mod:`.compare_lips`), and names the code and libraries that made it and
+each run's code (``provenance``). ``<out>/summary.json``, ``<out>/report.md``,
+``<out>/curves.png`` and ``<out>/inertia.png`` hold it all
+(:mod:`.compare_report`).
 """
 
 from __future__ import annotations
@@ -34,14 +38,51 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
+from .compare_lips import lips_summary
+from .compare_metric import MetricWatch, choose_metric, default_metric, evaluate_series, unknown_metric
+from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec, run_name
 from .runner.stall import DEFAULT_STALL_TIMEOUT
-from .runner.store import Result, read_result
+from .runner.store import Result, read_result, staging_path
 from .runner.sweep import run_sweep
-from .stats import MIN_ROUNDS, inertia_rho, inertia_verdict, paired, verdict
+from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdict, paired, verdict
 
 DEFAULT_LAST = 10
+GOALS = ("max", "min")
+LOWER_IS_BETTER = ("loss", "error", "err")  # a metric named with one of these defaults to --goal min
+
+
+def default_goal(metric: str) -> str:
+    """``"min"`` for a metric named with ``loss``, ``error`` or ``err`` (any case), else ``"max"``."""
+    return "min" if any(word in metric.lower() for word in LOWER_IS_BETTER) else "max"
+
+
+def check_metric(metric: str | None, goal: str | None) -> None:
+    """``ConfigError`` for a weight key named as the metric, or a goal other than ``max``/``min``."""
+    if metric in WEIGHT_KEYS:
+        raise ConfigError(f"--metric {metric}: {metric!r} is the weight of the clients' replies (how many "
+                          "examples each evaluated), not a measure of the model: name an evaluate metric")
+    if goal is not None and goal not in GOALS:
+        raise ConfigError(f"--goal must be max or min, got {goal!r}")
+
+
+def better_or_worse(test: dict, goal: str) -> str:
+    """The verdict of a paired test of ``B - A`` in plain words, following ``goal``.
+
+    ``"B better"`` when p < 0.05 and the 95% CI lies on the goal's side of 0
+    (above it for ``max``, below for ``min``), ``"B worse"`` when it lies on the
+    other side, else ``"no difference detected"``; no t-test (zero variance):
+    :data:`~.stats.NO_TEST_ZERO_VARIANCE`.
+    """
+    found = verdict(test, test["p_t"])
+    if found == NO_TEST_ZERO_VARIANCE:
+        return found
+    higher = {"supported": True, "contradicted": False}.get(found)
+    if higher is None:
+        return "no difference detected"
+    return "B better" if higher == (goal == "max") else "B worse"
 
 
 @dataclass(frozen=True)
@@ -58,6 +99,7 @@ class Comparison:
     last: int | None = None
     engine: str = "auto"
     num_nodes_from: str | None = None  # where the node count came from, in words (the CLI's; None: given)
+    goal: str | None = None
 
     @property
     def lips_off(self) -> bool:
@@ -67,10 +109,11 @@ class Comparison:
     def specs(self) -> list[RunSpec]:
         """One spec per arm and seed, in seed order (A then B), named ``<a|b>-seed<k>``."""
         if self.engine not in ("auto", "sequential", "stacked"):
-            raise ValueError(f"compare runs on the batched Grid: engine auto, sequential or stacked, "
-                             f"got {self.engine!r}")
+            raise ConfigError(f"compare runs on the batched Grid: engine auto, sequential or stacked, "
+                              f"got {self.engine!r}")
+        check_metric(self.metric, self.goal)
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
-            raise ValueError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
+            raise ConfigError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
         out = []
         for seed in self.seeds:
             for arm, overrides in (("a", self.a), ("b", self.b)):
@@ -80,21 +123,17 @@ class Comparison:
         return out
 
 
-def evaluate_series(result: Result, metric: str) -> dict[int, float]:
-    """Round -> the clients' weighted mean of evaluate metric ``metric`` (rounds that have it)."""
-    rounds = (result.observed or {}).get("rounds", {})
-    return {int(r): float(entry["evaluate"]["metrics"][metric]) for r, entry in rounds.items()
-            if metric in entry.get("evaluate", {}).get("metrics", {})}
+def app_name(comparison: Comparison, result: Result) -> str:
+    """The app's name from its ``pyproject.toml`` (as its runs' identity has it), else its folder's name."""
+    name = ((result.identity or {}).get("app") or {}).get("name")
+    if not name:
+        from .runner.apps import load_app
 
-
-def default_metric(result: Result) -> str:
-    """The first evaluate metric whose name contains ``acc``, in the lowest node's reply order."""
-    keys = (result.observed or {}).get("evaluate_keys") or []
-    found = next((k for k in keys if "acc" in k), None)
-    if found is None:
-        raise ValueError(f"no evaluate metric of {result.path.name} has 'acc' in its name (the clients "
-                         f"report {keys or 'no evaluate metrics'}): name one with --metric")
-    return found
+        try:
+            name = load_app(comparison.app).name
+        except (OSError, ValueError):  # (older result files, an app moved or gone since)
+            name = comparison.app.name
+    return str(name)
 
 
 def endpoint(series: dict[int, float], last: int) -> float:
@@ -120,15 +159,18 @@ def layer_groups(result: Result) -> tuple[list[str], list[str]]:
 
 
 def _inertia(results_a: list[Result]) -> dict:
-    rhos = []
+    """Arm A's inertia verdict, its runs' ``rho``, and the fewest rounds of a run (``rounds``)."""
+    rhos, lasts = [], []
     for result in results_a:
         all_layers, middle = layer_groups(result)
         edges = [name for name in all_layers if name not in middle]
         last = max((int(r) for r in (result.observed or {}).get("rounds", {})), default=0)
+        lasts.append(last)
         rho = inertia_rho(relative_steps(result), middle, edges, last) if last >= MIN_ROUNDS else None
         if rho is not None:
             rhos.append(rho)
-    return {**inertia_verdict(rhos), "per_run": rhos}
+    return {**inertia_verdict(rhos), "per_run": rhos, "rounds": min(lasts, default=0),
+            "needs_rounds": MIN_ROUNDS}
 
 
 def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
@@ -142,24 +184,36 @@ def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _stalled(results: dict[str, Result]) -> dict[str, dict[str, list[int]]]:
+    """Per run with any, the rounds that did not move its global model (:func:`~.observe.stalled_rounds`)."""
+    out = {}
+    for name, result in results.items():
+        found = stalled_rounds((result.observed or {}).get("rounds", {}))
+        if any(found.values()):
+            out[name] = {why: rounds for why, rounds in found.items() if rounds}
+    return out
+
+
 def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
     """``summary.json``'s content from the runs' result files (see the module docstring)."""
     first = results[run_name("a", comparison.seeds[0])]
-    metric = comparison.metric or default_metric(first)
-    series = {name: evaluate_series(result, metric) for name, result in results.items()}
+    metric, source = choose_metric(first.observed, comparison.metric, first.path.name)
+    check_metric(metric, comparison.goal)
+    goal = comparison.goal or default_goal(metric)
+    series = {name: evaluate_series(result, metric, source) for name, result in results.items()}
     empty = sorted(name for name, s in series.items() if not s)
     if empty:
-        raise ValueError(f"evaluate metric {metric!r} is in no round of {empty}; the clients report "
-                         f"{first.observed and first.observed.get('evaluate_keys')}")
+        raise unknown_metric(metric, first.observed, empty)
     shortest = min(len(s) for s in series.values())
     last = comparison.last if comparison.last is not None else min(DEFAULT_LAST, shortest)
     if not 1 <= last <= shortest:
-        raise ValueError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
+        raise ConfigError(f"--last {last}: the runs have {shortest} evaluated rounds (the fewest of any run)")
     a = [endpoint(series[run_name("a", s)], last) for s in comparison.seeds]
     b = [endpoint(series[run_name("b", s)], last) for s in comparison.seeds]
     diffs = [y - x for x, y in zip(a, b)]
     summary: dict[str, Any] = {
-        "app": str(comparison.app), "seeds": list(comparison.seeds), "metric": metric, "last": last,
+        "app": str(comparison.app), "app_name": app_name(comparison, first), "seeds": list(comparison.seeds),
+        "metric": metric, "metric_source": source, "goal": goal, "last": last,
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
@@ -174,7 +228,7 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         tested = test["sd"] > 0  # (zero variance: no t-test, no CI; None in the JSON, not NaN)
         summary.update(ci95=[test["ci_low"], test["ci_high"]] if tested else None,
                        p_t=test["p_t"] if tested else None, p_sign=test["p_sign"], sd=test["sd"],
-                       wins=test["wins"], losses=test["losses"], verdict=verdict(test, test["p_t"]))
+                       wins=test["wins"], losses=test["losses"], verdict=better_or_worse(test, goal))
     else:
         summary.update(ci95=None, p_t=None, p_sign=None, sd=None, wins=int(diffs[0] > 0),
                        losses=int(diffs[0] < 0), verdict="no test (one seed)")
@@ -185,6 +239,9 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         same, differing = same_environment(a_run.provenance, b_run.provenance)
         summary["environments"].append({"seed": s, "same": same, "differing": differing})
     summary["error_replies"] = _errors(results)
+    summary["stalled_rounds"] = _stalled(results)
+    windows = {name: sorted(s)[-last:] for name, s in series.items()}
+    summary["lips"] = lips_summary(comparison.seeds, results, windows)
     summary["provenance"] = _provenance(results)
     return summary
 
@@ -214,12 +271,21 @@ def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recomput
 
     ``stall_timeout``: a run without progress for that many seconds fails (:mod:`.runner.stall`).
     """
+    from .compare_out import made_folders, prepared_sweep, remove_made
     from .compare_report import write_report
 
     out = Path(out).resolve()
     specs = comparison.specs()
-    paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=progress,
-                      stall_timeout=stall_timeout)
+    made = made_folders(out / "runs")
+    try:
+        prepared_sweep(specs, out, recompute, progress)
+        first = specs[0].name  # (its first evaluated round tells whether the metric is there)
+        watch = MetricWatch(comparison.metric, first, staging_path(out / "runs", first), progress)
+        paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=watch,
+                          stall_timeout=stall_timeout)
+    except BaseException:
+        remove_made(made)  # (a refused sweep leaves no empty runs/; a stopped run's staging stays)
+        raise
     results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
     summary = summarize(comparison, results)
     write_report(comparison, summary, results, out)

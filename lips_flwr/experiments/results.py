@@ -29,8 +29,8 @@ def _umask() -> int:
     return mask
 
 
-def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
-    """Write ``payload`` as JSON to ``path`` through a temporary file and ``os.replace``.
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``: the old file or the new, whole.
 
     The file gets a normal file's mode (``0o666 & ~umask``, e.g. 0644), not the
     0600 of the temporary file it is renamed from, set before it takes the name.
@@ -38,11 +38,10 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
     (:func:`~lips_flwr.persistence.npz_store.remove_stale_temporaries`): a run
     stopped mid-write and continued leaves nothing behind.
     """
-    text = json.dumps(payload, indent=2, sort_keys=True, default=_plain)
     mode = 0o666 & ~_umask()
 
     def write(f: IO[bytes]) -> None:
-        f.write(text.encode("utf-8"))
+        f.write(data)
         if hasattr(os, "fchmod"):  # POSIX
             os.fchmod(f.fileno(), mode)
 
@@ -50,4 +49,9 @@ def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
     remove_stale_temporaries(path, pid_only=True)
 
 
-__all__ = ["write_json_atomic"]
+def write_json_atomic(path: str | os.PathLike, payload: dict) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically (:func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=_plain).encode("utf-8"))
+
+
+__all__ = ["write_bytes_atomic", "write_json_atomic"]

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy import stats as _stats
 
+from ..errors import LipsError
+
 
 def sign_test(differences: Sequence[float]) -> float:
     """Exact two-sided sign test p-value of ``differences`` (zeros dropped); 1.0 when none is left."""
@@ -40,14 +42,15 @@ def sign_test(differences: Sequence[float]) -> float:
 def paired(differences: Sequence[float], confidence: float = 0.95) -> dict:
     """Summary of paired ``differences``: n, mean, sd, CI, t, p (t-test), p (sign test), wins/losses.
 
-    ``ValueError`` for fewer than 2 differences or one that is not finite.
+    :class:`~lips_flwr.errors.LipsError` (a ``ValueError``) for fewer than 2
+    differences or one that is not finite.
     """
     d = np.asarray(differences, dtype=float)
     n = int(d.size)
     if n < 2:
-        raise ValueError(f"a paired test needs at least 2 differences, got {n}")
+        raise LipsError(f"a paired test needs at least 2 differences, got {n}")
     if not np.isfinite(d).all():  # (a NaN would pass for zero variance below)
-        raise ValueError(f"paired differences must be finite numbers, got {d.tolist()}")
+        raise LipsError(f"paired differences must be finite numbers, got {d.tolist()}")
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     if sd > 0:
         half = float(_stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)

@@ -13,7 +13,22 @@
   ``t + 1`` and evaluate instructions of round ``t`` carry ``w_t``); the
   layers are :func:`~lips_flwr.core.layers.select_layers` ``"all"``, in the
   model's order, and ``"middle"`` marks the middle ones. A strategy that
-  sends nodes different models is measured on the lowest node's.
+  sends nodes different models is measured on the lowest node's;
+- ``zeros``: the fraction of exact zeros in that model ``w_t``, per layer
+  group (``first``, ``middle``, ``last`` weight layer): what a server-mode
+  mask round left in the model it broadcast;
+- from Flower's log (:mod:`.strategy_log`): ``strategy``, the strategy's own
+  aggregated ``lips-*`` train metrics (Message API); ``lips``, a LIPS mask
+  round's ``tau`` (and zeros), or why it was not masked; ``no_aggregate``
+  when the strategy said the round had none; ``server_evaluate``, the
+  ServerApp's own evaluation (``evaluate_fn``; round 0: the initial model).
+  The last WARNING and ERROR lines are kept (``warnings``), and the rounds
+  that did not move the global model, by why (``stalled_rounds``).
+
+A run fails (:meth:`RunObserver.check`) when most of its trained rounds
+did not move the global model (:func:`stalled_rounds`: no aggregate, a model
+equal to the one before, or a non-finite one), naming those rounds and the
+strategy's last warnings.
 
 A round is read from the instruction's ``server-round`` config entry
 (Flower's strategies set it), else from its group id (the legacy API's):
@@ -33,7 +48,8 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +59,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from ...core.layers import select_layers
 from ...persistence.npz_store import write_atomic
 from ..results import write_json_atomic
+from .strategy_log import Heard, StrategyLog
 
 WEIGHT_KEYS = ("num-examples", "num_examples")
 KINDS = ("train", "evaluate")
+WARNINGS_KEPT = 20  # the last WARNING/ERROR lines of Flower's log a result keeps
 
 
 class RunFailed(RuntimeError):
@@ -85,6 +103,40 @@ def _first_arrays(msg: Message) -> ArrayRecord | None:
     return next(iter(msg.content.array_records.values()), None)
 
 
+def stalled_rounds(rounds: Mapping[Any, Mapping[str, Any]]) -> dict[str, list[int]]:
+    """The rounds that did not move the global model, by why (an observed record's ``rounds``).
+
+    ``no_aggregate``: the strategy said so (LIPS's ``round k has no
+    aggregate``); ``unchanged``: every weight layer's relative step is 0 (the
+    model broadcast after the round is the one before it, e.g. a strategy
+    that drops every reply without a word); ``nonfinite``: a step is NaN or
+    Inf (the model broadcast after the round is not finite).
+    """
+    out: dict[str, list[int]] = {"no_aggregate": [], "unchanged": [], "nonfinite": []}
+    for key, entry in rounds.items():
+        steps = [v for v in (entry.get("relative_step") or {}).values() if v is not None]
+        if entry.get("no_aggregate"):
+            out["no_aggregate"].append(int(key))
+        if steps and not all(math.isfinite(v) for v in steps):
+            out["nonfinite"].append(int(key))
+        elif steps and all(v == 0 for v in steps):
+            out["unchanged"].append(int(key))
+    return {why: sorted(found) for why, found in out.items()}
+
+
+def zero_fractions(weights: dict[str, np.ndarray], layers: dict[str, list[str]]) -> dict[str, float]:
+    """The fraction of exact zeros per layer group: the first weight layer, the middle ones, the last."""
+    order = [name for name in layers["all"] if name in weights]
+    groups = {"first": order[:1], "middle": [n for n in order if n in layers["middle"]],
+              "last": order[-1:] if len(order) > 1 else []}
+    out = {}
+    for group, names in groups.items():
+        size = sum(int(weights[n].size) for n in names)
+        if size:
+            out[group] = sum(int(weights[n].size - np.count_nonzero(weights[n])) for n in names) / size
+    return out
+
+
 class RunObserver:
     """The runner's :class:`~lips_flwr.experiments.batched.GridObserver` (see the module docstring).
 
@@ -107,7 +159,10 @@ class RunObserver:
         self._earlier: dict[int, dict[str, Any]] = {}  # a resumed run's rounds from its partial record
         self.first_round: int | None = None
         self.first_error: str | None = None  # the first error reply's reason (a ClientApp's traceback)
+        self.warnings: deque[str] = deque(maxlen=WARNINGS_KEPT)
+        self._phase: tuple[int, str] | None = None  # the latest (round, kind) pushed
         self._lock = threading.RLock()
+        self._log = StrategyLog(self.heard)
 
     # -- the Grid's calls ----------------------------------------------------------------------
     def pushed(self, messages: Iterable[Message]) -> None:
@@ -125,6 +180,9 @@ class RunObserver:
                 if kind == "train" and self.first_round is None:
                     self._start(rnd)
                 self._pending[msg.metadata.message_id] = (rnd, kind)
+                if kind in KINDS and (self._phase is None or (rnd, kind == "evaluate") >= (
+                        self._phase[0], self._phase[1] == "evaluate")):
+                    self._phase = (rnd, kind)
                 counts = self._counts.setdefault((rnd, kind), {"instructions": 0, "replies": 0, "errors": 0})
                 counts["instructions"] += 1
             if messages:
@@ -170,10 +228,33 @@ class RunObserver:
                     self.on_round(rnd)
 
     # -- bookkeeping ---------------------------------------------------------------------------
+    def heard(self, event: Heard) -> None:
+        """What Flower's log told (:mod:`.strategy_log`), kept in the round it is of."""
+        with self._lock:
+            rnd = event.round if event.round is not None else self._phase[0] if self._phase else None
+            if event.kind == "warning" or rnd is None:
+                if event.text:
+                    self.warnings.append(f"(round {rnd}) {event.text}" if rnd is not None else event.text)
+                return
+            entry = self.rounds.setdefault(rnd, {})
+            if event.kind == "aggregated":
+                if self._phase is not None and self._phase[1] == "train":
+                    entry["strategy"] = {k: v for k, v in event.values.items() if k.startswith("lips-")}
+            elif event.kind == "server_evaluate":
+                entry["server_evaluate"] = {"metrics": dict(event.values)}
+            elif event.kind == "mask":
+                entry["lips"] = dict(event.values)
+            else:  # no_aggregate, not_masked: the strategy's reasons
+                entry.setdefault("lips", {})["problem"] = event.text
+                if event.kind == "no_aggregate":
+                    entry["no_aggregate"] = True
+                self.warnings.append(event.text)
+
     def _start(self, first_round: int) -> None:
         """The run's first train round in this process: keep the earlier rounds of a resumed run."""
         self.first_round = first_round
-        self.rounds = {r: entry for r, entry in self._earlier.items() if r < first_round}
+        before = {r: entry for r, entry in self.rounds.items() if r < first_round}  # (round 0's evaluation)
+        self.rounds = {**before, **{r: entry for r, entry in self._earlier.items() if r < first_round}}
         if self._last is not None and self._last[0] >= first_round:
             self._last = None  # a model of rounds this run does again
 
@@ -200,8 +281,10 @@ class RunObserver:
                     continue
                 base = float(np.linalg.norm(before.astype(np.float64)))
                 step = float(np.linalg.norm(now.astype(np.float64) - before))
-                steps[name] = step / base if base > 0 else None
+                # (a non-finite model gives a NaN step, not None: stalled_rounds() finds it)
+                steps[name] = step / base if base > 0 or not math.isfinite(base) else None
             self.rounds.setdefault(index, {})["relative_step"] = steps
+            self.rounds[index]["zeros"] = zero_fractions(weights, self.layers)
             self.save()  # (before the model: a stop between the two computes this step again)
         self._last = (index, weights)
         if self.keep_model and self.staging is not None:
@@ -213,7 +296,8 @@ class RunObserver:
         """The observations as a result file holds them (rounds as strings, in order)."""
         with self._lock:
             return {"rounds": {str(r): self.rounds[r] for r in sorted(self.rounds)}, "layers": self.layers,
-                    "evaluate_keys": self.evaluate_keys, "first_round": self.first_round}
+                    "evaluate_keys": self.evaluate_keys, "first_round": self.first_round,
+                    "warnings": list(self.warnings), "stalled_rounds": stalled_rounds(self.rounds)}
 
     def save(self) -> None:
         """Keep the observations so far in the staging folder (a resumed run starts from them)."""
@@ -229,6 +313,7 @@ class RunObserver:
         self._earlier = {int(r): entry for r, entry in partial.get("rounds", {}).items()}
         self.layers = partial.get("layers") or self.layers
         self.evaluate_keys = partial.get("evaluate_keys") or self.evaluate_keys
+        self.warnings.extend(partial.get("warnings") or [])
         try:
             with np.load(staging / "last-global.npz") as saved:
                 arrays = {name: saved[name] for name in saved.files if name != "__round__"}
@@ -249,9 +334,27 @@ class RunObserver:
                     raise RunFailed(f"round {rnd}: every evaluate reply was an error ({evaluate['errors']})")
             if not any("train" in entry for entry in self.rounds.values()):
                 raise RunFailed("no round trained: the ServerApp sent no train instruction the runner read")
-            if require_evaluate and not any(entry.get("evaluate", {}).get("metrics")
-                                            for entry in self.rounds.values()):
-                raise RunFailed("no round was evaluated: no evaluate reply carried metrics")
+            self._check_progress()
+            if require_evaluate and not any(
+                    entry.get("evaluate", {}).get("metrics") or r >= 1 and entry.get("server_evaluate")
+                    for r, entry in self.rounds.items()):
+                raise RunFailed("no round was evaluated: no evaluate reply carried metrics, nor did the "
+                                "ServerApp evaluate")
 
 
-__all__ = ["RunFailed", "RunObserver", "reply_metrics", "weighted_means"]
+    def _check_progress(self) -> None:
+        """``RunFailed`` when most trained rounds did not move the global model (:func:`stalled_rounds`)."""
+        trained = {r for r, entry in self.rounds.items() if "train" in entry}
+        found = stalled_rounds({r: self.rounds[r] for r in trained})
+        stuck = set().union(*map(set, found.values()))
+        if 2 * len(stuck) <= len(trained):
+            return
+        why = "; ".join(f"{WHY[k]}: rounds {', '.join(map(str, v))}" for k, v in found.items() if v)
+        said = "\n  ".join(["", *self.warnings]) if self.warnings else " (nothing)"
+        raise RunFailed(f"{len(stuck)} of its {len(trained)} trained rounds did not move the global model "
+                        f"({why}): its result would compare nothing. The strategy's last warnings:{said}")
+
+
+WHY = {"no_aggregate": "no aggregate", "unchanged": "the model unchanged", "nonfinite": "a non-finite model"}
+
+__all__ = ["RunFailed", "RunObserver", "reply_metrics", "stalled_rounds", "weighted_means", "zero_fractions"]

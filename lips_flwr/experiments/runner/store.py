@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import ResultFileError
 from ...persistence.lock import _try_lock
 from ..results import write_json_atomic
 from .apps import planned_identity
@@ -72,6 +73,9 @@ def read_result(path: str | Path) -> Result:
     if not isinstance(data, dict):
         raise ValueError(f"{str(path)!r} is not a result file (a JSON {type(data).__name__})")
     if data.get("format") == FORMAT:
+        missing = [key for key in ("identity", "provenance") if not isinstance(data.get(key), dict)]
+        if missing:  # (a KeyError here stopped every sweep into the folder, --recompute too)
+            raise ResultFileError(f"{str(path)!r} is a damaged result file: no {' and no '.join(missing)}")
         return Result(path, data["identity"], data["provenance"], data.get("observed"), data.get("app"))
     if "format" in data:
         raise ValueError(f"{str(path)!r} has format {data['format']!r}; this version reads {FORMAT!r}")

@@ -15,11 +15,12 @@ pytest.importorskip("scipy")
 
 from runner_apps import make_app  # noqa: E402
 
+from lips_flwr.errors import ConfigError  # noqa: E402
 from lips_flwr.experiments import cli  # noqa: E402
-from lips_flwr.experiments.compare import Comparison, default_metric, summarize  # noqa: E402
+from lips_flwr.experiments.compare import Comparison, default_goal, default_metric, summarize  # noqa: E402
 from lips_flwr.experiments.runner.provenance import provenance  # noqa: E402
-from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result, write_result  # noqa: E402
+from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
 
 LAYERS = {"all": ["first.weight", "mid.weight", "last.weight"], "middle": ["mid.weight"]}
 
@@ -63,7 +64,8 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
     assert summary["diff_mean"] == pytest.approx(0.11) and summary["ci95"] == pytest.approx(
         [test["ci_low"], test["ci_high"]])
     assert summary["p_t"] == pytest.approx(test["p_t"]) and summary["p_sign"] == pytest.approx(0.25)
-    assert summary["verdict"] == verdict(test, test["p_t"]) == "supported"
+    assert verdict(test, test["p_t"]) == "supported" and summary["verdict"] == "B better"
+    assert summary["goal"] == "max"  # (an accuracy: higher is better)
     assert summarize(Comparison(tmp_path, (1, 2, 3)), results)["last"] == 3  # min(10, rounds)
     assert summary["environments"] == [{"seed": s, "same": True, "differing": []} for s in (1, 2, 3)]
     assert summary["error_replies"] == {}
@@ -72,6 +74,36 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
     assert sorted(summary["provenance"]["runs"]) == [f"{arm}-seed{s}" for arm in "ab" for s in (1, 2, 3)]
     assert summary["provenance"]["runs"]["b-seed2"]["file"] == "b-seed2.json"
     assert json.loads(json.dumps(summary)) == summary  # plain JSON
+
+
+def test_a_lower_is_better_metric_turns_the_verdict_and_goal_overrides_the_default(tmp_path):
+    """``--metric loss`` where B's loss is higher on every seed read "supported" under "Does it help?"."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    a = {1: [0.5, 0.6], 2: [0.5, 0.7], 3: [0.5, 0.8]}
+    b = {1: [0.5, 0.5], 2: [0.5, 0.59], 3: [0.5, 0.71]}  # B's accuracy lower, so its loss (1 - acc) higher
+    results = write_runs(tmp_path, a, b)
+    comparison = Comparison(tmp_path, (1, 2, 3), metric="loss", last=1)
+    summary = summarize(comparison, results)
+    assert summary["goal"] == "min" and summary["differences"] == pytest.approx([0.1, 0.11, 0.09])
+    assert summary["verdict"] == "B worse"
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "lower is better (--goal min)" in text and "**Verdict: B worse**" in text
+    assert "B better on 0 of 3 seeds" in text and "supported" not in text
+    told = summarize(Comparison(tmp_path, (1, 2, 3), metric="loss", last=1, goal="max"), results)
+    assert told["goal"] == "max" and told["verdict"] == "B better"
+    assert summarize(Comparison(tmp_path, (1, 2, 3), last=1), results)["verdict"] == "B worse"  # acc, max
+    for name, goal in (("eval_loss", "min"), ("test-error", "min"), ("top1_err", "min"), ("acc", "max"),
+                       ("f1", "max")):
+        assert default_goal(name) == goal
+
+
+@pytest.mark.parametrize("weight", ["num-examples", "num_examples"])
+def test_the_weight_key_is_refused_as_a_metric_before_anything_runs(tmp_path, weight):
+    with pytest.raises(ConfigError, match=f"--metric {weight}: .* the weight of the clients' replies"):
+        Comparison(tmp_path, (1,), metric=weight).specs()
 
 
 def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
@@ -122,7 +154,7 @@ def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path
     text = (tmp_path / "report.md").read_text()
     assert "Not every seed's two runs ran in one environment" in text
     assert "- seed 1: different: torch, threads" in text
-    assert "**Verdict: no effect detected**" in text and "| 1 | 0.6000 | 0.6200 | +0.0200 |" in text
+    assert "**Verdict: no difference detected**" in text and "| 1 | 0.6000 | 0.6200 | +0.0200 |" in text
     assert "A: the app with LIPS off" in text
     for name in ("curves.png", "inertia.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
@@ -193,3 +225,327 @@ def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     assert code == 1 and "a run failed" in err
     assert "RuntimeError: tiny app: this ClientApp fails on every call" in err
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_run_with_no_aggregate_in_most_rounds_fails_with_the_strategys_reasons(tmp_path, capsys):
+    """``--run-config lr=nan``: every reply dropped every round, and compare wrote a verdict (+0.0000)."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True)
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--run-config", "lr=nan", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "a run failed" in err
+    assert ("3 of its 3 trained rounds did not move the global model (the model unchanged: rounds 1, 2, 3)"
+            in err)
+    assert "(round 3) LIPS: ignoring reply from node 1000: NaN or Inf in arrays" in err  # the reasons
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_summary_and_report_flag_each_round_that_did_not_move_the_model(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import write_report
+
+    steps = {"first.weight": [0.1, 0.0, 0.1], "mid.weight": [0.1, 0.0, 0.1], "last.weight": [0.1, 0.0, 0.1]}
+    results = write_runs(tmp_path, {1: [0.5, 0.6, 0.7]}, {1: [0.5, 0.6, 0.8]}, steps=steps)
+    comparison = Comparison(tmp_path, (1,))
+    summary = summarize(comparison, results)
+    assert summary["stalled_rounds"] == {"a-seed1": {"unchanged": [2]}, "b-seed1": {"unchanged": [2]}}
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "**Rounds that did not move the global model**" in text
+    assert "- b-seed1: global model unchanged in rounds 2" in text
+
+
+def test_every_output_file_is_written_through_a_temporary_file(tmp_path, monkeypatch):
+    """report.md was written in place: a crash mid-write left half a report."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import results as results_module
+    from lips_flwr.experiments.compare_out import OUTPUTS
+    from lips_flwr.experiments.compare_report import write_report
+
+    written = []
+    real = results_module.write_atomic
+    monkeypatch.setattr(results_module, "write_atomic", lambda path, write: (written.append(Path(path).name),
+                                                                          real(path, write)))
+    runs = write_runs(tmp_path / "runs", {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.71]})
+    comparison = Comparison(tmp_path, (1, 2), last=1)
+    written.clear()
+    write_report(comparison, summarize(comparison, runs), runs, tmp_path)
+    assert sorted(written) == sorted(OUTPUTS) and written[-1] == "summary.json"  # the summary last
+    assert all((tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~_umask() for name in OUTPUTS)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _umask() -> int:
+    from lips_flwr.experiments.results import _umask as umask
+
+    return umask()
+
+
+def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsys):
+    """A --recompute that failed after its runs left the old report beside the runs it had replaced."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    base = ["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+            "--out", str(out)]
+    assert cli.main(base) == 0
+    assert (out / "report.md").exists() and (out / "summary.json").exists()
+    assert cli.main([*base, "--metric", "accuracy"]) == 0  # every run reused: the report stays, rewritten
+    assert "removing the report" not in capsys.readouterr().out
+    code = cli.main([*base, "--recompute", "--run-config", "lr=0.2", "--last", "5"])  # fails after its runs
+    captured = capsys.readouterr()
+    assert code == 1 and "--last 5: the runs have 2 evaluated rounds" in captured.err
+    assert "removing the report of earlier runs" in captured.out
+    assert not any((out / name).exists() for name in ("report.md", "summary.json", "curves.png",
+                                                      "inertia.png"))
+    assert read_result(out / "runs" / "b-seed1.json").identity["run_config"]["lr"] == 0.2
+
+
+# --------------------------------------------------------------------------- user errors: one line, exit 1
+
+
+def _no_access(monkeypatch, denied: str):
+    from lips_flwr.experiments import compare_out
+
+    real = compare_out.os.access
+    monkeypatch.setattr(compare_out.os, "access",
+                        lambda p, mode: real(p, mode) and not str(p).endswith(denied))
+
+
+def _result_without_identity(out: Path) -> None:
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "a-seed1.json").write_text(json.dumps({"format": "lips-flwr-result/1", "provenance": {},
+                                                           "observed": None, "app": None}))
+
+
+def _old_style_result(out: Path) -> None:
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "a-seed1.json").write_text(json.dumps({"run_config": {"num-server-rounds": 2}}))
+
+
+USER_ERRORS = {  # name: (set-up(app, out, monkeypatch), extra arguments, what the last line says)
+    "out is a file": (lambda app, out, mp: out.write_text("x"), [], "is a file: give a folder"),
+    "out below a file": (lambda app, out, mp: out.write_text("x"), ["--out-child"], "a file: give a folder"),
+    "out unwritable": (lambda app, out, mp: _no_access(mp, out.parent.name), [],
+                       "is not writable: give a folder you can write"),
+    "runs read-only": (lambda app, out, mp: ((out / "runs").mkdir(parents=True), _no_access(mp, "runs")), [],
+                       "runs' is read-only: compare writes its runs there"),
+    "summary.json a folder": (lambda app, out, mp: (out / "summary.json").mkdir(parents=True), [],
+                              "summary.json' is a folder where compare writes its summary.json"),
+    "result without identity": (lambda app, out, mp: _result_without_identity(out), [],
+                                "--recompute, runs them again and replaces those files"),
+    "result path a folder": (lambda app, out, mp: (out / "runs" / "a-seed1.json").mkdir(parents=True),
+                             ["--recompute"],
+                             "a-seed1.json' is a folder where the result file of run a-seed1"),
+    "old-style result": (lambda app, out, mp: _old_style_result(out), [],
+                         "hold no per-round observations"),
+    "broken pyproject": (lambda app, out, mp: (app / "pyproject.toml").write_text("[project\nname = 1"), [],
+                         "pyproject.toml' is not valid TOML"),
+    "unknown key": (lambda app, out, mp: None, ["--run-config", "nosuch=1"], "unknown run-config keys"),
+    "app without LIPS": (lambda app, out, mp: make_app(app, rounds=2), [],
+                         "builds no LIPS strategy, so arm A (LIPS off) would be the app as written: swap "
+                         "LIPS in as the README's \"Swap LIPS into your existing project\" shows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_each_user_error_ends_with_one_line_naming_the_file_or_the_fix(tmp_path, capsys, monkeypatch, case):
+    """These printed a traceback (KeyError, IsADirectoryError, NotADirectoryError, ...) or a bare message."""
+    pytest.importorskip("matplotlib")
+    set_up, extra, says = USER_ERRORS[case]
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    set_up(app, out, monkeypatch)
+    target = out / "child" if "--out-child" in extra else out
+    extra = [x for x in extra if x != "--out-child"]
+    made_before = out.exists()
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--out", str(target), *extra])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and "Traceback" not in err
+    assert last.startswith("lips-flwr compare: ") and says in last
+    assert case != "result without identity" or "a-seed1.json' is a damaged result file: no identity" in err
+    if not made_before:  # a refused invocation leaves no empty out/ nor runs/
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["result without identity", "old-style result"])
+def test_recompute_gets_past_a_damaged_or_old_style_result_file(tmp_path, capsys, case):
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    USER_ERRORS[case][0](app, out, None)
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--out", str(out), "--recompute"])
+    assert code == 0, capsys.readouterr().err
+    assert read_result(out / "runs" / "a-seed1.json").observed["rounds"]
+
+
+def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch):
+    from lips_flwr.experiments import compare
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run_compare", stopped)
+    code = cli.main(["compare", str(tmp_path), "--seeds", "1", "--num-supernodes", "2", "--out", str(tmp_path / "out")])
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "lips-flwr compare: stopped; run the same command to continue"
+
+
+# --------------------------------------------------------------------------- what LIPS did
+
+
+def test_the_report_shows_each_arms_mask_rounds_tau_and_masked_fraction_per_layer_group(tmp_path):
+    """Neither report.md nor the curves said when arm B masked, how much, or in which layers."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import mark_mask_rounds, write_report
+
+    results = write_runs(tmp_path, {1: [0.5] * 6, 2: [0.5] * 6}, {1: [0.5] * 6, 2: [0.6] * 6})
+    for seed in (1, 2):  # arm B masked in rounds 1 and 6 (every=5, tau0=0.5 decaying), as the runner records
+        path = tmp_path / f"b-seed{seed}.json"
+        data = json.loads(path.read_text())
+        rounds = data["observed"]["rounds"]
+        rounds["1"]["strategy"] = {"lips-mask-round": 1, "lips-tau": 0.5}
+        rounds["1"]["zeros"] = {"first": 0.0, "middle": 0.5, "last": 0.0}
+        rounds["6"]["strategy"] = {"lips-mask-round": 1, "lips-tau": 0.25}
+        rounds["6"]["zeros"] = {"first": 0.0, "middle": 0.25 + 0.01 * seed, "last": 0.0}
+        rounds["3"]["strategy"] = {"lips-mask-round": 0, "lips-tau": 0.0}
+        path.write_text(json.dumps(data))
+        results[f"b-seed{seed}"] = read_result(path)
+    comparison = Comparison(tmp_path, (1, 2), last=2)
+    summary = summarize(comparison, results)
+    assert summary["lips"]["a"]["mask_rounds"] == [] and summary["lips"]["b"]["mask_rounds"] == [1, 6]
+    assert summary["lips"]["b"]["rounds"]["6"] == {"tau": 0.25, "runs": 2, "zeros": {
+        "first": 0.0, "middle": pytest.approx(0.265), "last": 0.0}}
+    assert summary["lips"]["b"]["in_endpoint_window"] == [6]  # the last 2 evaluated rounds: 5 and 6
+    write_report(comparison, summary, results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "## What LIPS did" in text and "- arm A: no mask round (nothing masked)." in text
+    assert "- arm B: mask rounds 1, 6 (over its 2 runs)." in text
+    assert "  | 6 | 0.2500 | 2 | 0.000 | 0.265 | 0.000 |" in text
+    assert "Mask rounds 6 fall inside the endpoint window (the last 2 evaluated rounds)" in text
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    mark_mask_rounds(ax, summary)
+    marks = sorted(line.get_xdata()[0] for line in ax.get_lines() if len(line.get_xdata()) == 2)
+    assert marks == [1, 6] and "LIPS mask rounds (B)" in [line.get_label() for line in ax.get_lines()]
+    plt.close(fig)
+
+
+def test_the_committed_quick_comparison_still_reads_with_its_mask_rounds():
+    """Result files written before the runner kept the strategy's metrics: their app records tell."""
+    from unit_paths import REPO
+
+    from lips_flwr.experiments.compare_report import report_text
+
+    folder = REPO / "docs" / "results" / "compare-quick"
+    written = json.loads((folder / "summary.json").read_text())
+    seeds = tuple(written["seeds"])
+    results = {f"{arm}-seed{s}": read_result(folder / "runs" / f"{arm}-seed{s}.json") for arm in "ab"
+               for s in seeds}
+    comparison = Comparison(folder, seeds, metric=written["metric"], last=written["last"],
+                            run_config=written["run_config"], num_nodes=written["num_nodes"])
+    summary = summarize(comparison, results)
+    assert summary["differences"] == pytest.approx(written["differences"])
+    assert summary["lips"]["a"]["mask_rounds"] == []
+    assert summary["lips"]["b"]["mask_rounds"][:2] == [1, 6]
+    assert summary["lips"]["b"]["rounds"]["1"]["zeros"] is None
+    assert "(not recorded)" in report_text(comparison, summary)
+
+
+# --------------------------------------------------------------------------- a report a newcomer reads right
+
+
+def test_the_report_reads_right_to_a_newcomer(tmp_path, monkeypatch):
+    """The title was the folder's name, the 2-seed CI a bare interval, the inertia line said no numbers."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import compare_report
+
+    results = write_runs(tmp_path, {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.7], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.71]},
+                         {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.9], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.72]})
+    for name in results:  # the app's name, as the runner's identity holds it (from its pyproject.toml)
+        path = tmp_path / f"{name}.json"
+        data = json.loads(path.read_text())
+        data["identity"]["app"] = {"name": "my-flower-app", "digest": "x"}
+        path.write_text(json.dumps(data))
+        results[name] = read_result(path)
+    comparison = Comparison(tmp_path / "some-folder", (1, 2), last=1)
+    summary = summarize(comparison, results)
+    figures = []
+    monkeypatch.setattr(compare_report, "write_bytes_atomic", lambda path, data: None)
+    real_save = compare_report._save
+    monkeypatch.setattr(compare_report, "_save", lambda plt, fig, path: (figures.append(fig.axes[0]
+                                                                                        .get_xticks()),
+                                                                         real_save(plt, fig, path)))
+    compare_report.write_report(comparison, summary, results, tmp_path)
+    text = compare_report.report_text(comparison, summary)
+    assert text.startswith("# Does it help? `my-flower-app`: B vs A over 2 paired seeds")
+    assert "- endpoint: one number per run, the mean of its last 1 evaluated rounds of the clients'" in text
+    assert "**2 seeds cannot bound the effect**" in text and "95% CI [" not in text
+    assert "(paired t-test over 2 seeds at 95%, with the exact sign test beside it: *B better* when" in text
+    assert "Inertia (arm A): not measured: it needs 16 rounds or more; this run has 6" in text
+    assert all(float(t).is_integer() for ticks in figures for t in ticks)  # integer round ticks
+
+
+def test_round_ticks_are_integers(tmp_path, monkeypatch):
+    """Two rounds got ticks at 1.0, 1.2, ... 2.0."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments import compare_report
+
+    steps = {"first.weight": [0.1, 0.1], "mid.weight": [0.1, 0.1], "last.weight": [0.1, 0.1]}
+    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.8]},
+                         steps=steps)
+    summary = summarize(Comparison(tmp_path, (1, 2), last=1), results)
+    ticks = []
+    monkeypatch.setattr(compare_report, "_save",
+                        lambda plt, fig, path: (ticks.append(fig.axes[0].get_xticks()), plt.close(fig)))
+    compare_report.plot_curves(summary, results, tmp_path / "c.png")
+    compare_report.plot_inertia(summary, results, tmp_path / "i.png")
+    assert len(ticks) == 2 and all(float(t).is_integer() for found in ticks for t in found)
+
+
+# --------------------------------------------------------------------------- the ServerApp's metrics
+
+
+def test_the_serverapps_own_evaluation_is_a_metric_too_and_the_report_says_so(tmp_path):
+    """An app that measures accuracy with evaluate_fn: --metric accuracy failed, after every run."""
+    pytest.importorskip("matplotlib")
+    from lips_flwr.experiments.compare_report import report_text
+
+    results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.6]}, {1: [0.5, 0.6], 2: [0.5, 0.6]})
+    for name, result in list(results.items()):
+        data = json.loads(result.path.read_text())
+        for r, entry in data["observed"]["rounds"].items():
+            accuracy = 0.1 * int(r) + (0.05 if name[0] == "b" else 0)
+            entry["server_evaluate"] = {"metrics": {"accuracy": accuracy}}
+        data["observed"]["rounds"]["0"] = {"server_evaluate": {"metrics": {"accuracy": 0.0}}}
+        result.path.write_text(json.dumps(data))
+        results[name] = read_result(result.path)
+    comparison = Comparison(tmp_path, (1, 2), metric="accuracy", last=2)
+    summary = summarize(comparison, results)
+    assert summary["metric_source"] == "server" and summary["endpoint_a"] == pytest.approx([0.15, 0.15])
+    assert summary["differences"] == pytest.approx([0.05, 0.05])  # (round 0, the initial model, left out)
+    text = report_text(comparison, summary)
+    assert "the ServerApp's own evaluate metric `accuracy` (its `evaluate_fn`)" in text
+    clients = summarize(Comparison(tmp_path, (1, 2), last=2), results)
+    assert clients["metric"] == "acc" and clients["metric_source"] == "clients"  # the clients' acc first
+
+
+def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_first_run(tmp_path, capsys):
+    """It was found only after every run of the sweep had finished."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=True, rounds=4)
+    code = cli.main(["compare", str(app), "--seeds", "1,2", "--num-supernodes", "2", "--engine", "sequential",
+                     "--metric", "nosuch", "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.strip().splitlines()[-1] == (
+        "lips-flwr compare: evaluate metric 'nosuch' is in no round of ['a-seed1']; the clients report "
+        "['loss', 'accuracy', 'num-examples']")
+    assert "[a-seed1] round 2" in captured.out and "[a-seed1] round 4" not in captured.out
+    assert "[b-seed1] started" not in captured.out
+    assert not (tmp_path / "out" / "runs" / "a-seed1.json").exists()
