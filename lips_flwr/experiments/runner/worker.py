@@ -43,6 +43,7 @@ from ..results import write_json_atomic
 from .apps import app_digest
 from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
+from .resume import ClientContexts
 from .runs import LIPS_OFF, PreparedRun
 from .store import write_result
 from .sweep import STOPPED_EXIT
@@ -151,7 +152,13 @@ class LipsOffCheck:
 
 
 def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
-    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure."""
+    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure.
+
+    A resumable run's clients' state is kept by :class:`~.resume.ClientContexts`
+    (and given back to a continued run); the result's provenance says from
+    which round a continued run went on (``resumed_from_round``, ``None``
+    for a run done in one go).
+    """
     from ...strategies import forced_options
     from ..batched import run_batched
     from .apps import import_components
@@ -163,24 +170,47 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
     with forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext() as forcing:
         server_app, client_app = import_components(job.app)
         check_code(job)
-        watcher = LipsOffCheck(observer, forcing) if forcing is not None else observer
+        watcher: Any = LipsOffCheck(observer, forcing) if forcing is not None else observer
+        contexts = ClientContexts(watcher, job.staging, resuming) if job.resumable else None
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
-                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=watcher,
-                    seed=job.spec.seed)
+                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size,
+                    observer=contexts or watcher, seed=job.spec.seed,
+                    on_grid=contexts.attach if contexts else None)
     if isinstance(watcher, LipsOffCheck):
         watcher.check()
     observer.check(job.spec.require_evaluate)
     record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
+    restored = contexts.restored_from if contexts else None
+    record["resumed_from_round"] = None if restored is None else restored + 1
     if earlier:
         record["earlier_segments"] = earlier
     write_result(job.result, job.identity, record, {**observer.record(), "first_error": observer.first_error},
                  _app_record(job))
 
 
+def _settle_in(job: PreparedRun) -> None:
+    """Work in the run's staging folder, with the threads the sweep gave it, before the app is imported.
+
+    The staging folder as the working directory keeps what an app writes to
+    a relative path (``torch.save(model, "final_model.pt")``) with its run,
+    never shared by two runs. The sweep sets ``OMP_NUM_THREADS`` (and its
+    kin) in this process's environment; torch reads it as it is imported,
+    and is told again here in case an earlier import read it differently.
+    """
+    sys.path[:] = [os.path.abspath(entry) if entry in ("", ".") else entry for entry in sys.path]
+    os.chdir(job.staging)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int) -> None:
     """The entry of a run's process (see the module docstring)."""
     _die_with_parent(parent)
     _redirect_output(job.staging / "log")
+    _settle_in(job)
 
     def send(event: tuple) -> None:
         with contextlib.suppress(OSError):

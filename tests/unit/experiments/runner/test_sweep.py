@@ -20,7 +20,7 @@ from runner_apps import make_app
 from lips_flwr.experiments.runner.observe import RunFailed, RunObserver, weighted_means
 from lips_flwr.experiments.runner.runs import RunSpec, prepare
 from lips_flwr.experiments.runner.store import read_result, write_result
-from lips_flwr.experiments.runner.sweep import SweepFailed, plan, run_sweep
+from lips_flwr.experiments.runner.sweep import SweepFailed, available_cores, plan, run_sweep
 
 # --------------------------------------------------------------------------- the observer
 
@@ -221,7 +221,10 @@ def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_
     assert a.provenance["engine"] == "sequential" and a.provenance["wall_seconds"] > 0
     assert a.provenance["numpy"] == np.__version__ and a.provenance["started"].endswith("+00:00")
     assert a.provenance["threads"]["OPENBLAS_NUM_THREADS"] == "1"
-    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == before
+    share = str(max(1, available_cores() // 2))  # no env of its own: the cores shared by the 2 jobs
+    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == share
+    assert b.provenance["threads"]["OMP_NUM_THREADS"] == share
+    assert b.provenance["threads"]["torch"] == int(share)
     assert sorted(a.observed["rounds"]) == ["1", "2", "3"]
     assert a.observed["rounds"]["1"]["train"]["replies"] == 3 and a.observed["evaluate_keys"][:2] == [
         "loss", "accuracy"]
@@ -342,3 +345,34 @@ def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tm
             "give each arm its settings with --a/--b") in str(err.value)
     assert not any("round 1" in line for line in lines)  # stopped before its first round's training
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+# --------------------------------------------------------------------------- threads, working folders
+
+
+def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores():
+    from lips_flwr.experiments.runner.sweep import default_jobs, run_environment
+
+    assert default_jobs(runs=12, cores=2) == 2 and default_jobs(runs=12, cores=8) == 6
+    assert default_jobs(runs=3, cores=2) == 1  # 2 at a time would leave a core idle for the third run
+    assert default_jobs(runs=1, cores=16) == 1 and default_jobs(runs=7, cores=7) == 7
+    app_spec = RunSpec("app", "x", 0)
+    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
+                                            "MKL_NUM_THREADS": "3"}
+    studies = RunSpec("app", "x", 0, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert run_environment(studies, 3) == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "3",
+                                           "MKL_NUM_THREADS": "1"}  # a spec's own env wins
+
+
+def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch):
+    """An app's ``open("final-model.txt", "w")`` lands in its run's staging folder, never shared."""
+    app = make_app(tmp_path / "app", results=True, save_model=True)
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    out = tmp_path / "out"
+    a, b = (read_result(p) for p in run_sweep([spec(app, "a", seed=1), spec(app, "b", seed=2)], out, jobs=2,
+                                              progress=lambda line: None))
+    assert list(caller.iterdir()) == []  # nothing in the folder the sweep was started from
+    assert a.app["cwd"] == str(out / ".staging" / "a") and b.app["cwd"] == str(out / ".staging" / "b")
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]  # removed with its staging
