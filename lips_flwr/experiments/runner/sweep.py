@@ -18,14 +18,18 @@ Then ``<out>/.staging`` is tidied (:func:`~.store.prune_staging`): folders
 left half-made are removed, those of other runs' stopped, resumable
 progress are kept (logged). Each run, as it starts, claims its own
 ``<out>/.staging/<name>/``: a folder left by a stopped run of the same
-identity is continued when the app can resume (it has ``checkpoint-path``
-and ``resume``), else removed (logged) and the run starts at round 1. Runs
-on the batched Grid each run in a fresh process (:mod:`.worker`), ``jobs``
-at a time; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
+identity is continued when it can be continued exactly (the app can resume
+and every file reads whole: :mod:`.resume`), else removed with a line
+saying why, and the run starts at round 1. Runs on the batched Grid each
+run in a fresh process (:mod:`.worker`), in its staging folder, ``jobs`` at
+a time (:func:`default_jobs` unless given), each with ``cores // jobs``
+threads; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
 first failing run stops the sweep once the running runs end
 (:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal, Ctrl-C) stops it too, its staging folder kept.
-``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
+stopped (a signal) stops it too, its staging folder kept. A Ctrl-C of the
+sweep stops every run, keeping their staging folders, and raises
+:class:`SweepStopped`. ``<out>/.sweep.lock`` keeps a second sweep out of
+``out`` while one runs.
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
 run's environment (thread counts) before numpy and torch read it. A

@@ -15,6 +15,9 @@ a run whose code changed fails, naming what changed. A LIPS-off run fails
 before its first train instruction reaches a client when the app built no
 LIPS strategy under the forcing (it would run as written).
 
+The process works in the run's staging folder (its ``cwd``), with the
+threads the sweep set in its environment (:func:`_settle_in`).
+
 A run that fails (an exception, ``SystemExit`` included) sends its error and
 the first client error, and removes its staging folder; a signal or a
 Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
