@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -191,29 +192,54 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver) -> None:
                  _app_record(job))
 
 
-def _settle_in(job: PreparedRun) -> None:
+def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``config`` with each string naming an existing path relative to ``folder`` made absolute.
+
+    A run works in its staging folder, not in the folder the sweep was
+    started from: ``data-path='data/train.npz'`` still reads that file. A
+    relative path that does not exist there (an output, ``"model.pt"``) is
+    left as it is: it lands in the run's own folder. Runner-managed keys are
+    absolute already.
+    """
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip() or os.path.isabs(value):
+            return value
+        try:
+            return str((folder / value).resolve()) if (folder / value).exists() else value
+        except (OSError, ValueError):  # a name too long, a NUL character: not a path
+            return value
+
+    return {key: absolute(value) for key, value in config.items()}
+
+
+def _settle_in(job: PreparedRun) -> PreparedRun:
     """Work in the run's staging folder, with the threads the sweep gave it, before the app is imported.
 
     The staging folder as the working directory keeps what an app writes to
     a relative path (``torch.save(model, "final_model.pt")``) with its run,
-    never shared by two runs. The sweep sets ``OMP_NUM_THREADS`` (and its
-    kin) in this process's environment; torch reads it as it is imported,
-    and is told again here in case an earlier import read it differently.
+    never shared by two runs; inputs named in the run config still resolve
+    (:func:`inputs_made_absolute`): the job is returned with that run config.
+    The sweep sets ``OMP_NUM_THREADS`` (and its kin) in this process's
+    environment; torch reads it as it is imported, and is told again here in
+    case an earlier import read it differently.
     """
-    sys.path[:] = [os.path.abspath(entry) if entry in ("", ".") else entry for entry in sys.path]
+    caller = Path.cwd()
+    sys.path[:] = [str(caller / entry) if entry in ("", ".") else entry for entry in sys.path]
+    job = dataclasses.replace(job, run_config=inputs_made_absolute(job.run_config, caller))
     os.chdir(job.staging)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         import torch
 
         torch.set_num_threads(int(threads))
+    return job
 
 
 def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int) -> None:
     """The entry of a run's process (see the module docstring)."""
     _die_with_parent(parent)
     _redirect_output(job.staging / "log")
-    _settle_in(job)
+    job = _settle_in(job)
 
     def send(event: tuple) -> None:
         with contextlib.suppress(OSError):
@@ -243,4 +269,4 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "run_process"]
+__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "inputs_made_absolute", "run_process"]

@@ -376,3 +376,13 @@ def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch)
     assert list(caller.iterdir()) == []  # nothing in the folder the sweep was started from
     assert a.app["cwd"] == str(out / ".staging" / "a") and b.app["cwd"] == str(out / ".staging" / "b")
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]  # removed with its staging
+
+
+def test_a_run_config_path_that_exists_in_the_callers_folder_still_reads_from_the_staging_folder(tmp_path):
+    from lips_flwr.experiments.runner.worker import inputs_made_absolute
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.npz").write_bytes(b"")
+    config = {"data-path": "data/train.npz", "out": "model.pt", "score": "sensitivity", "lr": 0.1, "none": "",
+              "absolute": "/etc"}
+    assert inputs_made_absolute(config, tmp_path) == {**config, "data-path": str(tmp_path / "data" / "train.npz")}
