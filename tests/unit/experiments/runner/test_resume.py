@@ -43,6 +43,7 @@ def untimed(per_round: dict) -> dict:
             for r, metrics in per_round.items()}
 
 
+@pytest.mark.integration  # three sweeps of a torch app (~30 s on 2 loaded cores): not in `make test-fast`
 def test_a_continued_run_of_quickstart_message_equals_the_uninterrupted_run(tmp_path):
     """Defect 1: its clients' FedBN state is the runner's to keep; the result says from where it went on."""
     spec = RunSpec(REPO / "examples" / "quickstart-message", "b-seed2", 2,
