@@ -11,6 +11,7 @@ raises it in the sweep's process at a Ctrl-C.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,37 @@ def test_a_run_under_flwr_run_is_started_again_saying_why(tmp_path):
     lines: list[str] = []
     assert claim_staging(job, lines.append) is False
     assert "runs under `flwr run` are not continued" in lines[-1] and "starting at round 1" in lines[-1]
+
+
+RESTART = [  # docs/restart.md's lines on top of the README's: LIPS checkpoints, the runner resumes
+    ("pyproject.toml", 'data-path = "sequences.npz"\n',
+     'data-path = "sequences.npz"\ncheckpoint-path = ""\nresume = "no"\n'),
+    ("gru_fedavgm/server_app.py", "    strategy = LIPS(strategy, tau0=0.5, every=5)\n",
+     '    strategy = LIPS(strategy, tau0=0.5, every=2, checkpoint_path=str(cfg["checkpoint-path"]) or None,\n'
+     '                    resume=resume_option(cfg["resume"]))\n'),
+    ("gru_fedavgm/server_app.py", "from lips_flwr.strategies import LIPS\n",
+     "from lips_flwr.strategies import LIPS\nfrom lips_flwr.persistence.checkpoint import resume_option\n"),
+]
+
+
+@pytest.mark.integration  # three sweeps of a torch app (~30 s on 2 loaded cores)
+def test_a_continued_gru_run_under_fedavgm_equals_the_uninterrupted_run(tmp_path):
+    """FedAvgM's momentum (in LIPS's checkpoint) and the GRU's FedBN state (the runner's) both continue."""
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    from test_compare_jobs_and_stop import SWAP, make_sequences
+    from test_swap_in import APPS, _apply
+
+    app = tmp_path / "gru-fedavgm"
+    shutil.copytree(APPS / "gru-fedavgm", app, ignore=shutil.ignore_patterns("__pycache__"))
+    _apply(app, [*SWAP, *RESTART])
+    make_sequences(tmp_path / "sequences.npz")
+    spec = RunSpec(app, "b-seed3", 3, {"num-server-rounds": 4, "data-path": str(tmp_path / "sequences.npz")},
+                   num_nodes=2, engine="sequential")
+    whole = read_result(run_sweep([spec], tmp_path / "whole", progress=quiet)[0])
+    with pytest.raises(SweepStopped):
+        run_sweep([spec], tmp_path / "stopped", progress=stop_at_round_2([]))
+    lines: list[str] = []
+    again = read_result(run_sweep([spec], tmp_path / "stopped", progress=lines.append)[0])
+    assert any("continuing its stopped run" in line for line in lines)
+    assert again.observed["rounds"] == whole.observed["rounds"]
+    assert again.provenance["resumed_from_round"] in (2, 3)
