@@ -102,8 +102,13 @@ def available_cores() -> int:
 
 
 def run_environment(spec: RunSpec, threads: int) -> dict[str, str]:
-    """A run process's environment additions: ``threads`` for OpenMP/BLAS, the spec's own ``env`` winning."""
-    return {**{name: str(threads) for name in THREAD_VARIABLES}, **dict(spec.env)}
+    """A run process's environment additions: ``threads`` for OpenMP/BLAS where unset.
+
+    The spec's own ``env`` wins, and so does a thread variable the sweep's
+    caller set (``OMP_NUM_THREADS=1 lips-flwr compare ...``).
+    """
+    unset = [name for name in THREAD_VARIABLES if name not in os.environ]
+    return {**{name: str(threads) for name in unset}, **dict(spec.env)}
 
 
 def _duplicates(specs: list[RunSpec]) -> None:

@@ -205,10 +205,12 @@ def test_managed_keys_point_into_the_staging_folder_and_stay_out_of_the_identity
 # --------------------------------------------------------------------------- whole sweeps
 
 
-def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path):
+def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path, monkeypatch):
     app = make_app(tmp_path / "app", lips=True, resumable=True, results=True)
     out = tmp_path / "out"
     lines: list[str] = []
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)  # (a caller's own setting would win over the share)
     blas = {"OPENBLAS_NUM_THREADS": "1"}  # a run's own environment, set before its imports
     before = os.environ.get("OPENBLAS_NUM_THREADS")
     specs = [spec(app, f"{arm}-seed5", seed=5, lips_off=arm == "a", env=blas if arm == "a" else {})
@@ -350,8 +352,11 @@ def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tm
 # --------------------------------------------------------------------------- threads, working folders
 
 
-def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores():
+def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monkeypatch):
     from lips_flwr.experiments.runner.sweep import default_jobs, run_environment
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
 
     assert default_jobs(runs=12, cores=2) == 2 and default_jobs(runs=12, cores=8) == 6
     assert default_jobs(runs=3, cores=2) == 1  # 2 at a time would leave a core idle for the third run
@@ -362,6 +367,8 @@ def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores():
     studies = RunSpec("app", "x", 0, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert run_environment(studies, 3) == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "3",
                                            "MKL_NUM_THREADS": "1"}  # a spec's own env wins
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # and so does the caller's own setting
+    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
 
 
 def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch):
