@@ -48,7 +48,7 @@ from .apps import app_digest
 from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
 from .resume import ClientContexts
-from .runs import LIPS_OFF, PreparedRun
+from .runs import LIPS_OFF, MANAGED_KEYS, PreparedRun
 from .store import write_result
 from .sweep import STOPPED_EXIT
 
@@ -199,7 +199,7 @@ def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]
     started from: ``data-path='data/train.npz'`` still reads that file. A
     relative path that does not exist there (an output, ``"model.pt"``) is
     left as it is: it lands in the run's own folder. Runner-managed keys are
-    absolute already.
+    the runner's (``resume = "auto"`` is no path, even beside a file ``auto``).
     """
     def absolute(value: Any) -> Any:
         if not isinstance(value, str) or not value.strip() or os.path.isabs(value):
@@ -209,7 +209,7 @@ def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]
         except (OSError, ValueError):  # a name too long, a NUL character: not a path
             return value
 
-    return {key: absolute(value) for key, value in config.items()}
+    return {key: value if key in MANAGED_KEYS else absolute(value) for key, value in config.items()}
 
 
 def _settle_in(job: PreparedRun) -> PreparedRun:

@@ -390,6 +390,7 @@ def test_a_run_config_path_that_exists_in_the_callers_folder_still_reads_from_th
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.npz").write_bytes(b"")
+    (tmp_path / "auto").write_bytes(b"")
     config = {"data-path": "data/train.npz", "out": "model.pt", "score": "sensitivity", "lr": 0.1, "none": "",
-              "absolute": "/etc"}
+              "absolute": "/etc", "resume": "auto"}
     assert inputs_made_absolute(config, tmp_path) == {**config, "data-path": str(tmp_path / "data" / "train.npz")}
