@@ -67,12 +67,10 @@ class SweepFailed(RuntimeError):
 
 
 class SweepStopped(KeyboardInterrupt):
-    """The sweep was stopped (Ctrl-C): every run stopped, their staging kept; the same sweep continues them.
+    """A Ctrl-C stopped the sweep: every run stopped, its staging kept; the same sweep continues them.
 
-    A ``KeyboardInterrupt``, so that code that lets a Ctrl-C through still
-    does; the CLI tells the user ``stopped; run the same command to
-    continue`` and exits with :data:`STOPPED_EXIT`. ``runs``: the names of
-    the runs that were running.
+    A ``KeyboardInterrupt`` (code that lets a Ctrl-C through still does); the
+    CLI exits with :data:`STOPPED_EXIT`. ``runs``: the runs that were running.
     """
 
     def __init__(self, runs: list[str]) -> None:
@@ -387,8 +385,9 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
             if batched:
                 cores = available_cores()
                 parallel = min(jobs or default_jobs(len(batched), cores), len(batched))
-                progress(f"running {len(batched)} run(s), {parallel} at a time, "
-                         f"{max(1, cores // parallel)} thread(s) each on {cores} core(s)")
+                threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // parallel))
+                progress(f"running {len(batched)} run(s), {parallel} at a time on {cores} core(s), "
+                         f"{threads} thread(s) each unless a run's env says otherwise")
                 run_processes(batched, parallel, progress)
         except KeyboardInterrupt as err:  # (a Ctrl-C outside run_processes: a flwr run, a claim)
             if isinstance(err, SweepStopped):
