@@ -264,7 +264,7 @@ def _provenance(results: dict[str, Result]) -> dict[str, Any]:
             "runs": runs}
 
 
-def run_compare(comparison: Comparison, out: str | Path, jobs: int = 1, recompute: bool = False,
+def run_compare(comparison: Comparison, out: str | Path, jobs: int | None = None, recompute: bool = False,
                 progress: Callable[[str], None] = print,
                 stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> dict:
     """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``.

@@ -5,7 +5,10 @@ The model is four arrays (``first.weight``, ``mid.weight``, ``last.weight``,
 drawn from numpy's *global* generator, which the app never seeds: only the
 runner's seeds make a run repeatable. With ``lips=True`` the ServerApp
 wraps FedAvg in LIPS (``tau0`` from the run config, a mask every 2 rounds)
-and can checkpoint and resume (``checkpoint-path``, ``resume``).
+and can checkpoint and resume (``checkpoint-path``, ``resume``). With
+``state_dir=True`` it declares ``lips-state-dir``; with ``save_model=True``
+its ServerApp writes ``final-model.txt`` into its working folder at the end,
+and its results file (``results=True``) records that folder (``cwd``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ sleep = 0.0
 
 SERVER = """\
 import json
+import os
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context
@@ -47,6 +51,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 LIPS_ON = {lips}
+SAVE_MODEL = {save_model}
 app = ServerApp()
 
 
@@ -68,9 +73,13 @@ def main(grid: Grid, context: Context) -> None:
                         checkpoint_path=str(cfg.get("checkpoint-path", "")) or None,
                         resume=resume_option(cfg.get("resume", "no")))
     result = strategy.start(grid=grid, initial_arrays=initial(), num_rounds=int(cfg["num-server-rounds"]))
+    if SAVE_MODEL:  # a relative path, as apps write their final model: where does it land?
+        with open("final-model.txt", "w") as f:
+            f.write(repr(result.arrays.to_numpy_ndarrays()[0].tolist()))
     if cfg.get("results-path"):
         with open(str(cfg["results-path"]), "w") as f:
-            json.dump({{"run_config": dict(cfg), "rounds": len(result.evaluate_metrics_clientapp)}}, f)
+            json.dump({{"run_config": dict(cfg), "rounds": len(result.evaluate_metrics_clientapp),
+                        "cwd": os.getcwd()}}, f)
 """
 
 CLIENT = """\
@@ -121,17 +130,20 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def make_app(folder: Path, *, package: str = "tinyapp", rounds: int = 3, lips: bool = False,
-             resumable: bool = False, results: bool = False, fail: bool = False) -> Path:
+             resumable: bool = False, results: bool = False, fail: bool = False, state_dir: bool = False,
+             save_model: bool = False) -> Path:
     """Write a tiny Flower App into ``folder`` (see the module docstring); returns ``folder``."""
     extra = ""
     if resumable:
         extra += 'checkpoint-path = ""\nresume = "no"\n'
     if results:
         extra += 'results-path = ""\n'
+    if state_dir:
+        extra += 'lips-state-dir = ""\n'
     (folder / package).mkdir(parents=True, exist_ok=True)
     (folder / "pyproject.toml").write_text(PYPROJECT.format(name=package, package=package, rounds=rounds,
                                                             extra=extra))
     (folder / package / "__init__.py").write_text("")
-    (folder / package / "server_app.py").write_text(SERVER.format(lips=lips))
+    (folder / package / "server_app.py").write_text(SERVER.format(lips=lips, save_model=save_model))
     (folder / package / "client_app.py").write_text(CLIENT.format(fail=fail))
     return folder

@@ -375,6 +375,7 @@ def run_batched(
     observer: GridObserver | None = None,
     seed: int | None = None,
     on_call: Callable[[], None] | None = None,
+    on_grid: Callable[[BatchedGrid], None] | None = None,
 ) -> BatchedGrid:
     """Run a Flower App in this process: ``server_app`` on a :class:`BatchedGrid` of ``client_app``.
 
@@ -385,11 +386,14 @@ def run_batched(
 
     ``observer``, ``seed`` and ``on_call``: see :class:`BatchedGrid`; with ``seed``, the
     process-wide generators are also seeded from ``derive_seed(seed, 0)``
-    right before the ServerApp is called.
+    right before the ServerApp is called. ``on_grid(grid)`` is called with the
+    grid before the ServerApp starts (the runner keeps the nodes' contexts).
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
                        chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
                        seed=seed, on_call=on_call)
+    if on_grid is not None:
+        on_grid(grid)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
     with _task_identity(run_id):

@@ -15,6 +15,6 @@ the machine.
 
 from .runs import RunSpec
 from .store import Result, read_result
-from .sweep import SweepFailed, run_sweep
+from .sweep import SweepFailed, SweepStopped, run_sweep
 
-__all__ = ["Result", "RunSpec", "SweepFailed", "read_result", "run_sweep"]
+__all__ = ["Result", "RunSpec", "SweepFailed", "SweepStopped", "read_result", "run_sweep"]

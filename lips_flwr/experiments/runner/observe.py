@@ -18,7 +18,8 @@
   group (``first``, ``middle``, ``last`` weight layer): what a server-mode
   mask round left in the model it broadcast;
 - from Flower's log (:mod:`.strategy_log`): ``strategy``, the strategy's own
-  aggregated ``lips-*`` train metrics (Message API); ``lips``, a LIPS mask
+  aggregated ``lips-*`` train metrics (Message API; not its wall times,
+  ``lips-seconds``); ``lips``, a LIPS mask
   round's ``tau`` (and zeros), or why it was not masked; ``no_aggregate``
   when the strategy said the round had none; ``server_evaluate``, the
   ServerApp's own evaluation (``evaluate_fn``; round 0: the initial model).
@@ -239,7 +240,10 @@ class RunObserver:
             entry = self.rounds.setdefault(rnd, {})
             if event.kind == "aggregated":
                 if self._phase is not None and self._phase[1] == "train":
-                    entry["strategy"] = {k: v for k, v in event.values.items() if k.startswith("lips-")}
+                    # (not the wall times, ``lips-seconds``: a result holds what the run computed, and a
+                    # continued run must equal the uninterrupted one)
+                    entry["strategy"] = {k: v for k, v in event.values.items()
+                                         if k.startswith("lips-") and not k.endswith("-seconds")}
             elif event.kind == "server_evaluate":
                 entry["server_evaluate"] = {"metrics": dict(event.values)}
             elif event.kind == "mask":

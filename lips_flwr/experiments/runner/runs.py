@@ -170,7 +170,7 @@ def prepare(spec: RunSpec, out: Path) -> PreparedRun:
     rounds = rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None
     return PreparedRun(spec=spec, app=app, run_config=config, identity=identity,
                        result=result_path(out, spec.name), staging=staging,
-                       resumable="checkpoint-path" in config and "resume" in config,
+                       resumable=not_resumable(config, engine) is None,
                        num_rounds=rounds)
 
 
@@ -214,10 +214,26 @@ def staged_code_changes(job: PreparedRun) -> list[str]:
     return sorted(name for name, digest in saved.items() if now[name] != digest)
 
 
+def not_resumable(config: Mapping[str, Any], engine: str) -> str | None:
+    """Why a stopped run of this config and engine starts again rather than continues; ``None``: it can.
+
+    The runner continues a run only when it can restore all of its state:
+    the strategy's from the app's checkpoint (``checkpoint-path`` and
+    ``resume``), the clients' from its own copy of their contexts, which it
+    keeps on the batched Grid only (:mod:`.resume`).
+    """
+    if engine == "flwr":
+        return "runs under `flwr run` are not continued: the runner cannot keep their clients' state"
+    if "checkpoint-path" not in config or "resume" not in config:
+        return "the app cannot resume: its run config declares no checkpoint-path and resume keys"
+    return None
+
+
 def legacy_run_config(run_config: dict[str, Any], location_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """An earlier session's embedded run config as an identity's (managed and location keys dropped)."""
     return {k: v for k, v in run_config.items() if k not in (*MANAGED_KEYS, *location_keys)}
 
 
 __all__ = ["ENGINES", "LIPS_OFF", "MANAGED_KEYS", "MODULES", "PreparedRun", "RunSpec", "identity_now",
-           "legacy_run_config", "prepare", "resolve_engine", "run_name", "staged_code_changes"]
+           "legacy_run_config", "not_resumable", "prepare", "resolve_engine", "run_name",
+           "staged_code_changes"]

@@ -18,15 +18,18 @@ Then ``<out>/.staging`` is tidied (:func:`~.store.prune_staging`): folders
 left half-made are removed, those of other runs' stopped, resumable
 progress are kept (logged). Each run, as it starts, claims its own
 ``<out>/.staging/<name>/``: a folder left by a stopped run of the same
-identity is continued when the app can resume (it has ``checkpoint-path``
-and ``resume``), else removed (logged) and the run starts at round 1. Runs
-on the batched Grid each run in a fresh process (:mod:`.worker`), ``jobs``
-at a time; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
+identity is continued when it can be continued exactly (the app can resume
+and every file reads whole: :mod:`.resume`), else removed with a line
+saying why, and the run starts at round 1. Runs on the batched Grid each
+run in a fresh process (:mod:`.worker`), in its staging folder, ``jobs`` at
+a time (:func:`default_jobs` unless given), each with ``cores // jobs``
+threads; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
 first failing run stops the sweep once the running runs end
 (:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal, Ctrl-C) stops it too, its staging folder kept. With a
-``stall_timeout``, a run that shows no progress for that long fails with the
-end of its log (:mod:`.stall`).
+stopped (a signal) stops it too, its staging folder kept. A Ctrl-C of the
+sweep stops every run, keeping their staging folders, and raises
+:class:`SweepStopped`. With a ``stall_timeout``, a run that shows no progress
+for that long fails with the end of its log (:mod:`.stall`).
 ``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
@@ -51,9 +54,19 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from .runs import PreparedRun, RunSpec, identity_now, legacy_run_config, prepare, staged_code_changes
+from .provenance import THREAD_VARIABLES
+from .resume import staging_problem
+from .runs import (
+    PreparedRun,
+    RunSpec,
+    identity_now,
+    legacy_run_config,
+    not_resumable,
+    prepare,
+    staged_code_changes,
+)
 from .stall import StallWatch, stalled_failure
-from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty
+from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty, staged_identity
 
 Progress = Callable[[str], None]
 STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
@@ -61,6 +74,49 @@ STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, 
 
 class SweepFailed(RuntimeError):
     """A run of the sweep failed; the message names it and carries its error and first client error."""
+
+
+class SweepStopped(KeyboardInterrupt):
+    """A Ctrl-C stopped the sweep: every run stopped, its staging kept; the same sweep continues them.
+
+    A ``KeyboardInterrupt`` (code that lets a Ctrl-C through still does); the
+    CLI exits with :data:`STOPPED_EXIT`. ``runs``: the runs that were running.
+    """
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = runs
+        names = ", ".join(runs) if runs else "none was running"
+        super().__init__(f"stopped; run the same command to continue (runs stopped, their progress kept: "
+                         f"{names})")
+
+
+def default_jobs(runs: int, cores: int) -> int:
+    """The runs at once that finish ``runs`` equal runs soonest on ``cores`` cores, never later than one.
+
+    The largest divisor of ``runs`` that is at most ``cores``: every process
+    then does ``runs / jobs`` runs with ``cores // jobs`` threads, and no
+    core idles at the end (see docs/simulation.md, "Threads and jobs").
+    """
+    runs, cores = max(1, runs), max(1, cores)
+    return max(j for j in range(1, min(runs, cores) + 1) if runs % j == 0)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def run_environment(spec: RunSpec, threads: int) -> dict[str, str]:
+    """A run process's environment additions: ``threads`` for OpenMP/BLAS where unset.
+
+    The spec's own ``env`` wins, and so does a thread variable the sweep's
+    caller set (``OMP_NUM_THREADS=1 lips-flwr compare ...``).
+    """
+    unset = [name for name in THREAD_VARIABLES if name not in os.environ]
+    return {**{name: str(threads) for name in unset}, **dict(spec.env)}
 
 
 def _duplicates(specs: list[RunSpec]) -> None:
@@ -116,19 +172,28 @@ def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> li
 
 
 def claim_staging(job: PreparedRun, progress: Progress) -> bool:
-    """Make ``job``'s staging folder its own; ``True`` when it continues a stopped run of its identity."""
+    """Make ``job``'s staging folder its own; ``True`` when it continues a stopped run of its identity.
+
+    A stopped run is continued only whole: when the app can resume
+    (:func:`~.runs.not_resumable`) and every file it would continue from
+    reads whole and agrees with the checkpoint (:func:`~.resume.staging_problem`).
+    Otherwise the folder is removed and the run starts at round 1, with one
+    line saying why.
+    """
     identity = json.loads(json.dumps(job.identity))
     if job.staging.exists():
-        try:
-            saved = json.loads((job.staging / "identity.json").read_text())
-        except (OSError, ValueError):
-            saved = None
+        saved = staged_identity(job.staging)
         changed = staged_code_changes(job) if saved == identity else []
-        if saved == identity and job.resumable and not changed:
-            progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
-            return True
-        why = "it holds a run with another identity" if saved != identity else (
-            f"the app's code it ran changed: {', '.join(changed)}" if changed else "the app cannot resume")
+        if saved != identity:
+            why = "it holds a run with another identity"
+        elif changed:
+            why = f"the app's code it ran changed: {', '.join(changed)}"
+        else:
+            why = not_resumable(job.run_config, job.identity["engine"]) or staging_problem(
+                job.staging, job.run_config) or ""
+            if not why:
+                progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
+                return True
         progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
         shutil.rmtree(job.staging)
     job.staging.mkdir(parents=True)
@@ -224,6 +289,19 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
     return text
 
 
+def stop_all(running: Iterable[tuple[PreparedRun, BaseProcess]]) -> None:
+    """Stop every running run's process (SIGTERM, then SIGKILL after 10 s); each keeps its staging folder."""
+    running = list(running)
+    for _job, process in running:
+        process.terminate()
+    deadline = time.monotonic() + 10
+    for _job, process in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                   stall_timeout: float | None = None) -> None:
     """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed.
@@ -236,6 +314,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
 
     context = multiprocessing.get_context("spawn")
     queue, board = list(jobs), _Board(jobs, progress)
+    threads = max(1, available_cores() // max(1, min(parallel, len(jobs))))
     running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
     failure: str | None = None
     outcome: dict[str, tuple | None] = {}
@@ -246,7 +325,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                 job = queue.pop(0)
                 resuming = claim_staging(job, progress)
                 receiver, sender = context.Pipe(duplex=False)
-                with _environment(dict(job.spec.env)):
+                with _environment(run_environment(job.spec, threads)):
                     started: BaseProcess = context.Process(
                         target=run_process, name=f"lips-flwr run {job.name}",
                         args=(job, resuming, sender, os.getpid()))
@@ -288,27 +367,28 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                     failure = failure or message
                     progress(message.splitlines()[0] + "; the sweep stops once its running runs end")
                     process.terminate()
-    except BaseException:
-        for _job, process in running.values():  # stopped: each leaves its staging to resume
-            process.terminate()
-        for _job, process in running.values():
-            process.join(10)
+    except BaseException as err:
+        stop_all(running.values())
+        if isinstance(err, KeyboardInterrupt) and not isinstance(err, SweepStopped):
+            raise SweepStopped([job.name for job, _ in running.values()]) from err
         raise
     if failure is not None:
         raise SweepFailed(failure)
 
 
-def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recompute: bool = False,
+def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None, recompute: bool = False,
               progress: Progress = print, flwr_timeout: float = 3600.0,
               stall_timeout: float | None = None) -> list[Path]:
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
 
+    ``jobs``: runs at once on the batched Grid, each with ``cores // jobs``
+    threads; ``None``: :func:`default_jobs` for the runs to do.
     ``stall_timeout``: a batched run that shows no progress for that many
     seconds fails (:mod:`.stall`); ``None``: no limit.
-
     ``ValueError`` before anything runs (an unknown run-config key, a managed
     key overridden, a result file of other settings, two specs of one name,
-    another sweep in ``out``); :class:`SweepFailed` when a run failed.
+    another sweep in ``out``); :class:`SweepFailed` when a run failed;
+    :class:`SweepStopped` on a Ctrl-C (every run stopped, its progress kept).
     """
     specs = list(specs)
     out = Path(out).resolve()
@@ -332,11 +412,21 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int = 1, recomput
                             raise SweepFailed(str(err)) from err
                         shutil.rmtree(job.staging, ignore_errors=True)
             batched = [job for job in to_run if job.identity["engine"] != "flwr"]
-            run_processes(batched, jobs, progress, stall_timeout)
+            if batched:
+                cores = available_cores()
+                parallel = min(jobs or default_jobs(len(batched), cores), len(batched))
+                threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // parallel))
+                progress(f"running {len(batched)} run(s), {parallel} at a time on {cores} core(s), "
+                         f"{threads} thread(s) each unless a run's env says otherwise")
+                run_processes(batched, parallel, progress, stall_timeout)
+        except KeyboardInterrupt as err:  # (a Ctrl-C outside run_processes: a flwr run, a claim)
+            if isinstance(err, SweepStopped):
+                raise
+            raise SweepStopped([]) from err
         finally:
             remove_empty(out / STAGING)
     return [job.result for job in prepared]
 
 
-__all__ = ["STOPPED_EXIT", "SweepFailed", "claim_staging", "plan", "run_processes", "run_sweep",
-           "stopped"]
+__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "available_cores", "claim_staging", "default_jobs",
+           "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]

@@ -15,6 +15,9 @@ a run whose code changed fails, naming what changed. A LIPS-off run fails
 before its first train instruction reaches a client when the app built no
 LIPS strategy under the forcing (it would run as written).
 
+The process works in the run's staging folder (its ``cwd``), with the
+threads the sweep set in its environment (:func:`_settle_in`).
+
 A run that fails (an exception, ``SystemExit`` included) sends its error and
 the first client error, and removes its staging folder; a signal or a
 Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -44,7 +48,8 @@ from ..results import write_json_atomic
 from .apps import app_digest, loaded_modules, with_modules
 from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
-from .runs import LIPS_OFF, MODULES, PreparedRun
+from .resume import ClientContexts
+from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
 from .stall import heartbeat
 from .store import write_result
 from .sweep import STOPPED_EXIT
@@ -157,6 +162,10 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
     """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure.
 
     ``on_call``: the Grid's, called as each client call ends (the heartbeat of :mod:`.stall`).
+    A resumable run's clients' state is kept by :class:`~.resume.ClientContexts`
+    (and given back to a continued run); the result's provenance says from
+    which round a continued run went on (``resumed_from_round``, ``None``
+    for a run done in one go).
     """
     from ...strategies import forced_options
     from ..batched import run_batched
@@ -171,14 +180,18 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
         check_code(job)
         imported = loaded_modules(job.app)  # (their code as imported, whatever is edited during the run)
         write_json_atomic(job.staging / MODULES, imported)  # (a stopped run's code, for claim_staging)
-        watcher = LipsOffCheck(observer, forcing) if forcing is not None else observer
+        watcher: Any = LipsOffCheck(observer, forcing) if forcing is not None else observer
+        contexts = ClientContexts(watcher, job.staging, resuming) if job.resumable else None
         run_batched(server_app, client_app, run_config=dict(job.run_config), num_nodes=job.spec.num_nodes,
-                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size, observer=watcher,
-                    seed=job.spec.seed, on_call=on_call)
+                    engine=job.identity["engine"], chunk_size=job.spec.chunk_size,
+                    observer=contexts or watcher, seed=job.spec.seed, on_call=on_call,
+                    on_grid=contexts.attach if contexts else None)
     if isinstance(watcher, LipsOffCheck):
         watcher.check()
     observer.check(job.spec.require_evaluate)
     record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
+    restored = contexts.restored_from if contexts else None
+    record["resumed_from_round"] = None if restored is None else restored + 1
     if earlier:
         record["earlier_segments"] = earlier
     identity = with_modules(job.identity, {**loaded_modules(job.app), **imported})
@@ -186,10 +199,54 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
                  _app_record(job))
 
 
+def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``config`` with each string naming an existing path relative to ``folder`` made absolute.
+
+    A run works in its staging folder, not in the folder the sweep was
+    started from: ``data-path='data/train.npz'`` still reads that file. A
+    relative path that does not exist there (an output, ``"model.pt"``) is
+    left as it is: it lands in the run's own folder. Runner-managed keys are
+    the runner's (``resume = "auto"`` is no path, even beside a file ``auto``).
+    """
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value.strip() or os.path.isabs(value):
+            return value
+        try:
+            return str((folder / value).resolve()) if (folder / value).exists() else value
+        except (OSError, ValueError):  # a name too long, a NUL character: not a path
+            return value
+
+    return {key: value if key in MANAGED_KEYS else absolute(value) for key, value in config.items()}
+
+
+def _settle_in(job: PreparedRun) -> PreparedRun:
+    """Work in the run's staging folder, with the threads the sweep gave it, before the app is imported.
+
+    The staging folder as the working directory keeps what an app writes to
+    a relative path (``torch.save(model, "final_model.pt")``) with its run,
+    never shared by two runs; inputs named in the run config still resolve
+    (:func:`inputs_made_absolute`): the job is returned with that run config.
+    The sweep sets ``OMP_NUM_THREADS`` (and its kin) in this process's
+    environment; torch reads it as it is imported, and is told again here in
+    case an earlier import read it differently.
+    """
+    caller = Path.cwd()
+    sys.path[:] = [str(caller / entry) if entry in ("", ".") else entry for entry in sys.path]
+    job = dataclasses.replace(job, run_config=inputs_made_absolute(job.run_config, caller))
+    os.chdir(job.staging)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+    return job
+
+
 def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int) -> None:
     """The entry of a run's process (see the module docstring)."""
     _die_with_parent(parent)
     _redirect_output(job.staging / "log")
+    job = _settle_in(job)
 
     lock = threading.Lock()  # (the heartbeat comes from the stacked engine's client threads too)
 
@@ -221,4 +278,4 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "run_process"]
+__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "inputs_made_absolute", "run_process"]

@@ -59,9 +59,12 @@ def test_a_stopped_run_continues_only_with_its_own_identity(tmp_path):
     lines: list[str] = []
     first = prepare(prereg.RunSpec(app, "lips-seed1000", 1000, {"tau0": 0.5}, num_nodes=2), out)
     assert claim_staging(first, lines.append) is False  # nothing to continue: round 1
-    (first.staging / "checkpoint.npz").write_bytes(b"x")  # what a stopped run leaves
+    (first.staging / "log").write_text("stopped before its first checkpoint\n")  # what a stopped run leaves
     assert claim_staging(first, lines.append) is True and "continuing its stopped run" in lines[-1]
-    assert (first.staging / "checkpoint.npz").exists()
+    assert (first.staging / "log").exists()
+    (first.staging / "checkpoint.npz").write_bytes(b"x")  # a damaged checkpoint: never continued from
+    assert claim_staging(first, lines.append) is False
+    assert "checkpoint.npz' is unreadable or damaged" in lines[-1] and "starting at round 1" in lines[-1]
     other = prepare(prereg.RunSpec(app, "lips-seed1000", 1000, {"tau0": 0.3}, num_nodes=2), out)
     assert claim_staging(other, lines.append) is False
     assert "another identity" in lines[-1] and "starting at round 1" in lines[-1]

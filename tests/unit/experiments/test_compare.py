@@ -361,7 +361,7 @@ def test_each_user_error_ends_with_one_line_naming_the_file_or_the_fix(tmp_path,
     extra = [x for x in extra if x != "--out-child"]
     made_before = out.exists()
     code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
-                     "--out", str(target), *extra])
+                     "--jobs", "1", "--out", str(target), *extra])  # (2 jobs: b's run would finish, kept)
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
     assert code == 1 and "Traceback" not in err
@@ -540,7 +540,7 @@ def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_fir
     pytest.importorskip("matplotlib")
     app = make_app(tmp_path / "app", lips=True, rounds=4)
     code = cli.main(["compare", str(app), "--seeds", "1,2", "--num-supernodes", "2", "--engine", "sequential",
-                     "--metric", "nosuch", "--out", str(tmp_path / "out")])
+                     "--jobs", "1", "--metric", "nosuch", "--out", str(tmp_path / "out")])
     captured = capsys.readouterr()
     assert code == 1
     assert captured.err.strip().splitlines()[-1] == (

@@ -20,7 +20,7 @@ from runner_apps import make_app
 from lips_flwr.experiments.runner.observe import RunFailed, RunObserver, weighted_means
 from lips_flwr.experiments.runner.runs import RunSpec, prepare
 from lips_flwr.experiments.runner.store import read_result, write_result
-from lips_flwr.experiments.runner.sweep import SweepFailed, plan, run_sweep
+from lips_flwr.experiments.runner.sweep import SweepFailed, available_cores, plan, run_sweep
 
 # --------------------------------------------------------------------------- the observer
 
@@ -205,10 +205,12 @@ def test_managed_keys_point_into_the_staging_folder_and_stay_out_of_the_identity
 # --------------------------------------------------------------------------- whole sweeps
 
 
-def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path):
+def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path, monkeypatch):
     app = make_app(tmp_path / "app", lips=True, resumable=True, results=True)
     out = tmp_path / "out"
     lines: list[str] = []
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)  # (a caller's own setting would win over the share)
     blas = {"OPENBLAS_NUM_THREADS": "1"}  # a run's own environment, set before its imports
     before = os.environ.get("OPENBLAS_NUM_THREADS")
     specs = [spec(app, f"{arm}-seed5", seed=5, lips_off=arm == "a", env=blas if arm == "a" else {})
@@ -221,7 +223,10 @@ def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_
     assert a.provenance["engine"] == "sequential" and a.provenance["wall_seconds"] > 0
     assert a.provenance["numpy"] == np.__version__ and a.provenance["started"].endswith("+00:00")
     assert a.provenance["threads"]["OPENBLAS_NUM_THREADS"] == "1"
-    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == before
+    share = str(max(1, available_cores() // 2))  # no env of its own: the cores shared by the 2 jobs
+    assert b.provenance["threads"]["OPENBLAS_NUM_THREADS"] == share
+    assert b.provenance["threads"]["OMP_NUM_THREADS"] == share
+    assert b.provenance["threads"]["torch"] == int(share)
     assert sorted(a.observed["rounds"]) == ["1", "2", "3"]
     assert a.observed["rounds"]["1"]["train"]["replies"] == 3 and a.observed["evaluate_keys"][:2] == [
         "loss", "accuracy"]
@@ -342,3 +347,50 @@ def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tm
             "give each arm its settings with --a/--b") in str(err.value)
     assert not any("round 1" in line for line in lines)  # stopped before its first round's training
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+# --------------------------------------------------------------------------- threads, working folders
+
+
+def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monkeypatch):
+    from lips_flwr.experiments.runner.sweep import default_jobs, run_environment
+
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+
+    assert default_jobs(runs=12, cores=2) == 2 and default_jobs(runs=12, cores=8) == 6
+    assert default_jobs(runs=3, cores=2) == 1  # 2 at a time would leave a core idle for the third run
+    assert default_jobs(runs=1, cores=16) == 1 and default_jobs(runs=7, cores=7) == 7
+    app_spec = RunSpec("app", "x", 0)
+    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
+                                            "MKL_NUM_THREADS": "3"}
+    studies = RunSpec("app", "x", 0, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    assert run_environment(studies, 3) == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "3",
+                                           "MKL_NUM_THREADS": "1"}  # a spec's own env wins
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # and so does the caller's own setting
+    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+
+
+def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch):
+    """An app's ``open("final-model.txt", "w")`` lands in its run's staging folder, never shared."""
+    app = make_app(tmp_path / "app", results=True, save_model=True)
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    out = tmp_path / "out"
+    a, b = (read_result(p) for p in run_sweep([spec(app, "a", seed=1), spec(app, "b", seed=2)], out, jobs=2,
+                                              progress=lambda line: None))
+    assert list(caller.iterdir()) == []  # nothing in the folder the sweep was started from
+    assert a.app["cwd"] == str(out / ".staging" / "a") and b.app["cwd"] == str(out / ".staging" / "b")
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "b.json"]  # removed with its staging
+
+
+def test_a_run_config_path_that_exists_in_the_callers_folder_still_reads_from_the_staging_folder(tmp_path):
+    from lips_flwr.experiments.runner.worker import inputs_made_absolute
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.npz").write_bytes(b"")
+    (tmp_path / "auto").write_bytes(b"")
+    config = {"data-path": "data/train.npz", "out": "model.pt", "score": "sensitivity", "lr": 0.1, "none": "",
+              "absolute": "/etc", "resume": "auto"}
+    assert inputs_made_absolute(config, tmp_path) == {**config, "data-path": str(tmp_path / "data" / "train.npz")}

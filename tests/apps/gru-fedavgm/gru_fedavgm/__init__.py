@@ -1,0 +1,1 @@
+"""gru-fedavgm: a Flower / PyTorch app, a GRU classifying sequences under FedAvgM."""
