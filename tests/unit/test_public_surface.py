@@ -81,3 +81,10 @@ def test_the_command_without_torch_is_one_line_and_exit_2():
 def test_the_command_is_the_launcher():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"lips-flwr": "lips_flwr._extras:main"}
+
+
+def test_the_editable_install_is_a_plain_pth():
+    """``package-dir = {"" = "."}`` makes ``pip install -e`` a .pth file: without it, setuptools' meta
+    path finder printed a warning box in every ``make setup`` (issue 36 item 7)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "."}
