@@ -1,19 +1,23 @@
 # Entry points, each does its own set-up on a fresh machine:
 #   make main         the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
 #   make test         everything CI runs (.ci/run): lint, then the whole suite, the installed
-#                     wheel and the lowest supported versions at once (~20 min on 2 cores)
+#                     wheel, the lowest supported versions and the base install without
+#                     torch at once (~15 min on 2 cores: 904 s in a fresh-clone CI run)
 #   make test-fast    unit tests and one quick `flwr run` (~1-2 min): the inner loop
 #   make lint         ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
 #   make test-wheel   build sdist + wheel, install the wheel in a fresh venv, run the
 #                     quickstart apps (both APIs) under `flwr run` against that install
 #   make test-lowest  unit tests at the lowest versions pyproject.toml claims
 #                     (requirements-lowest.txt; torch pinned below)
+#   make test-no-torch  the wheel with its base dependencies only (flwr, numpy: no torch,
+#                     no Ray) in a fresh venv: the plugin imports and masks a round
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml requirements-pins.txt | cksum | cut -d' ' -f1)
 WHEEL_VENV  ?= .venv-wheel
 LOWEST_VENV ?= .venv-lowest
+NOTORCH_VENV ?= .venv-notorch
 TORCH        = torch==2.14.1 torchvision==0.29.1
 TORCH_LOWEST = torch==2.13.0
 QUICK_RUN    = tests/integration/test_flwr_run_examples.py::test_example_app_masks_on_schedule[quickstart-message-server]
@@ -21,7 +25,8 @@ QUICK_RUN    = tests/integration/test_flwr_run_examples.py::test_example_app_mas
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup data lint test test-suite test-fast test-fast-unit test-fast-run test-unit test-wheel test-lowest dist main clean
+.PHONY: setup data lint test test-suite test-fast test-fast-unit test-fast-run test-unit test-wheel test-lowest \
+	test-no-torch dist main clean
 
 setup: $(STAMP) data
 
@@ -49,7 +54,7 @@ lint: setup
 # the suite's time is Flower's deployment tests waiting on heartbeats, not the CPU. Each
 # target's output is printed whole when it ends.
 test: lint
-	$(MAKE) -j3 --output-sync=target test-suite test-wheel test-lowest
+	$(MAKE) -j3 --output-sync=target test-suite test-wheel test-lowest test-no-torch
 
 test-suite: setup
 	@date +"test-suite: started %T"
@@ -101,9 +106,21 @@ test-lowest:
 	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
 	@date +"test-lowest: ended %T"
 
+# The base install as a SuperLink or an edge client gets it: the wheel and flwr and numpy, at
+# the versions of requirements-pins.txt (as constraints, without its extras: no Ray), nothing
+# else. tests/install/no_torch_check.py runs from outside the checkout.
+test-no-torch: dist
+	@date +"test-no-torch: started %T"
+	rm -rf $(NOTORCH_VENV)
+	$(PYTHON) -m venv $(NOTORCH_VENV)
+	sed 's/\[[a-z,]*\]//' requirements-pins.txt > $(NOTORCH_VENV)/constraints.txt
+	$(NOTORCH_VENV)/bin/pip install -q -c $(NOTORCH_VENV)/constraints.txt "$$(ls dist/lips_flwr-*.whl)"
+	cd "$$(mktemp -d)" && $(abspath $(NOTORCH_VENV))/bin/python $(CURDIR)/tests/install/no_torch_check.py
+	@date +"test-no-torch: ended %T"
+
 main: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python examples/paper/run_grid.py \
 	  examples/paper/conf/fashion-mnist-quick.toml --algorithms fedbn,lips --seeds 0 --engine flwr
 
 clean:
-	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist build
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) $(NOTORCH_VENV) dist build

@@ -10,6 +10,12 @@
 - :mod:`lips_flwr.persistence`: checkpoints and client state on disk;
 - :mod:`lips_flwr.experiments`: data, models and training loops that the
   examples and benchmarks share.
+
+The base install (``pip install lips-flwr``) is ``flwr`` and ``numpy``: all
+of the above but :mod:`lips_flwr.experiments` imports without torch or Ray.
+The experiments (and the ``lips-flwr`` command) need the ``[examples]``
+extra, ``pip install "lips-flwr[examples]"``, and say so in one line
+without it.
 """
 
 from .core import (

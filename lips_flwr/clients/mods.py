@@ -101,12 +101,26 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
         Names or glob patterns of the tensors that never take the server's
         value. Default: the batch-norm tensors, recognised by their running
         statistics (see :func:`lips_flwr.core.layers.batch_norm_names`).
+
+    On a model where nothing is to be kept (no batch-norm layers, or no name
+    that matches ``local``) the mod passes every message through, as FedAvg
+    would, and logs that once (a WARNING, the first time, per mod).
     """
+    told_nothing_to_keep = False
 
     def local_names(arrays) -> list[str]:
+        nonlocal told_nothing_to_keep
         if local is None:
-            return batch_norm_names(arrays)
-        return [n for n in arrays if any(fnmatch.fnmatch(n, p) for p in local)]
+            names = batch_norm_names(arrays)
+            what = "the model has no batch-norm layers (no running statistics)"
+        else:
+            names = [n for n in arrays if any(fnmatch.fnmatch(n, p) for p in local)]
+            what = f"no tensor of the model matches local={list(local)}"
+        if not names and not told_nothing_to_keep:
+            told_nothing_to_keep = True  # once: every round's messages would say it again
+            log(WARNING, "fedbn_mod: %s, so it has nothing to keep local: every tensor takes the "
+                         "server's value, as under FedAvg", what)
+        return names
 
     def fedbn_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         """Restore this client's local tensors on the way in; store them on the way out."""

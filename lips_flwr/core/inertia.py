@@ -30,20 +30,37 @@ def update_norms(updates: Mapping[str, np.ndarray]) -> dict[str, float]:
     }
 
 
+def relative_step(current: np.ndarray, start: np.ndarray) -> float | None:
+    """One layer's relative step ``||current - start|| / ||start||``, in float64; ``None`` when
+    ``||start|| = 0`` (a step from nothing has no relative size).
+
+    The one formula of the package: the core's :func:`relative_steps` (metrics
+    and the inertia trigger) and the runner's observer
+    (:mod:`lips_flwr.experiments.runner.observe`) both call it, and each says
+    what it makes of ``None``.
+    """
+    before = np.asarray(start, dtype=np.float64).reshape(-1)
+    after = np.asarray(current, dtype=np.float64).reshape(-1)
+    size = float(np.linalg.norm(before))
+    return float(np.linalg.norm(after - before)) / size if size > 0 else None
+
+
 def relative_steps(
     current: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray], names: Iterable[str]
 ) -> dict[str, float]:
-    """Per-layer relative step ``||current - start|| / ||start||``, in float64; 0 when ``||start|| = 0``.
+    """Per-layer :func:`relative_step`; 0 when ``||start|| = 0``.
 
     ``current`` is a round's (unmasked) aggregate, ``start`` the model the
-    round started from (the previous round's broadcast model).
+    round started from (the previous round's broadcast model). A zero-norm
+    layer counts as not moving (0.0, not ``None``): a Flower metric must be a
+    number, and the inertia trigger's series take every layer each round.
+    The runner's observer keeps ``None`` there instead, so that its reports
+    leave the layer's round out rather than count it as stagnant.
     """
     steps = {}
     for name in names:
-        before = np.asarray(start[name], dtype=np.float64).reshape(-1)
-        after = np.asarray(current[name], dtype=np.float64).reshape(-1)
-        size = float(np.linalg.norm(before))
-        steps[name] = float(np.linalg.norm(after - before)) / size if size > 0 else 0.0
+        step = relative_step(current[name], start[name])
+        steps[name] = 0.0 if step is None else step
     return steps
 
 
@@ -104,4 +121,5 @@ class InertiaTracker:
         self.previous = None if state["previous"] is None else dict(state["previous"])
 
 
-__all__ = ["InertiaTracker", "cosine_similarity", "layer_similarities", "relative_steps", "update_norms"]
+__all__ = ["InertiaTracker", "cosine_similarity", "layer_similarities", "relative_step", "relative_steps",
+           "update_norms"]

@@ -30,7 +30,7 @@ from .trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger, TriggerDeci
 MODES = ("server", "client")
 OPTIONS = (
     "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
-    "inertia_t0",
+    "inertia_t0", "mask_last_round",
 )
 # The inertia trigger's options (beyond the paper; lips_flwr.core.trigger).
 TRIGGER_OPTIONS = ("trigger", "trigger_window", "trigger_factor")
@@ -78,10 +78,15 @@ class LIPSCore:
     The options are those of the strategies, documented once in the README's
     Options table: ``num_rounds`` (``T``; may come later through
     :meth:`set_num_rounds`), ``tau0``, ``every``, ``start_round``, ``decay``,
-    ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``, and the inertia
-    trigger's ``trigger``, ``trigger_window``, ``trigger_factor``
-    (:mod:`.trigger`). Each invalid value raises ``ValueError`` naming the
-    argument and its allowed range.
+    ``score``, ``layers``, ``mode``, ``seed``, ``inertia_t0``,
+    ``mask_last_round``, and the inertia trigger's ``trigger``,
+    ``trigger_window``, ``trigger_factor`` (:mod:`.trigger`). Each invalid
+    value raises ``ValueError`` naming the argument and its allowed range.
+
+    In server mode the final round (``num_rounds``) is never a mask round
+    unless ``mask_last_round=True``: the model returned after it would be
+    freshly masked, with no round left to regrow. In client mode the final
+    round masks as scheduled: the clients train after their mask.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class LIPSCore:
         mode: str = "server",
         seed: int = 0,
         inertia_t0: int | None = None,
+        mask_last_round: bool = False,
         trigger: str = "schedule",
         trigger_window: int = DEFAULT_WINDOW,
         trigger_factor: float = DEFAULT_FACTOR,
@@ -107,7 +113,8 @@ class LIPSCore:
             horizon = start_round if ok_start else 1
         else:
             horizon = num_rounds
-        check = MaskSchedule(horizon, tau0, every, start_round, decay)
+        check = MaskSchedule(horizon, tau0, every, start_round, decay, mask_last_round)
+        self.mask_last_round = mask_last_round
         self.tau0 = check.tau0
         self.every = check.every
         self.start_round = check.start_round
@@ -138,8 +145,10 @@ class LIPSCore:
 
     # ----------------------------------------------------------------- schedule
     def set_num_rounds(self, num_rounds: int) -> None:
-        """Fix ``T``, the schedule's horizon."""
-        self._schedule = MaskSchedule(num_rounds, self.tau0, self.every, self.start_round, self.decay)
+        """Fix ``T``, the schedule's horizon (in server mode its last round masks only with
+        ``mask_last_round``; client mode masks it as scheduled, the clients train after their mask)."""
+        self._schedule = MaskSchedule(num_rounds, self.tau0, self.every, self.start_round, self.decay,
+                                      mask_last_round=self.mask_last_round or self.mode == "client")
         self._check_inertia_t0()
 
     def _check_inertia_t0(self) -> None:
@@ -348,6 +357,8 @@ class LIPSCore:
             "layers": layers if isinstance(layers, str) else list(layers),
             "mode": self.mode, "seed": self.seed,
             "inertia_t0": None if self.inertia is None else self.inertia.t0,
+            # Only when set: checkpoints of the default keep the settings they had before the option.
+            **({"mask_last_round": True} if self.mask_last_round else {}),
             # Only with the trigger: a checkpoint of the paper's schedule keeps the settings
             # it had before the trigger existed (and resumes with or without this version).
             **({} if self.inertia_trigger is None else {

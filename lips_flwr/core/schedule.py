@@ -3,7 +3,10 @@
 Rounds are Flower's 1-based ``server_round``; the schedule uses the 0-based
 index ``t = server_round - 1`` as the paper does, so with ``every=5`` the mask
 rounds are 1, 6, 11, ... and ``tau`` decays from ``tau0`` at round 1 towards 0
-at ``num_rounds + 1``.
+at ``num_rounds + 1``. With ``mask_last_round=False`` (the strategies' default,
+:class:`~lips_flwr.core.lips.LIPSCore`) the final round ``num_rounds`` is never
+a mask round: a model masked after the last aggregation has no round left to
+regrow its zeroed weights.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ class MaskSchedule:
     decay : str (default: "linear")
         ``"linear"`` (paper: ``1 - t/T``), ``"cosine"`` (``(1 + cos(pi t/T)) / 2``)
         or ``"constant"``.
+    mask_last_round : bool (default: True)
+        Whether round ``num_rounds`` may be a mask round. True is the
+        paper's schedule read literally; the strategies pass False in server
+        mode unless told otherwise (nothing trains after the last round's mask).
     """
 
     num_rounds: int
@@ -57,6 +64,7 @@ class MaskSchedule:
     every: int = 5
     start_round: int = 1
     decay: str = "linear"
+    mask_last_round: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_rounds", _require_int("num_rounds", self.num_rounds, 1))
@@ -69,9 +77,13 @@ class MaskSchedule:
             )
         if self.decay not in DECAYS:
             raise ValueError(f"`decay` must be one of {DECAYS}, got {self.decay!r}")
+        if not isinstance(self.mask_last_round, bool):
+            raise ValueError(f"`mask_last_round` must be True or False, got {self.mask_last_round!r}")
 
     def is_mask_round(self, server_round: int) -> bool:
         """Whether the aggregate of ``server_round`` is sparsified."""
+        if server_round == self.num_rounds and not self.mask_last_round:
+            return False
         offset = server_round - self.start_round
         return offset >= 0 and offset % self.every == 0
 

@@ -14,4 +14,12 @@ and provenance in its result file, reuse or refuse, resume, runs in fresh
 processes); :mod:`.stats` (the study protocol's paired tests, verdicts and
 inertia rule); :mod:`.compare`, :mod:`.compare_report` and :mod:`.cli`
 (``lips-flwr compare``, built on the runner).
+
+It needs ``lips-flwr[examples]`` (torch above all): without torch, importing
+it raises :class:`~lips_flwr._extras.MissingExtraError`, one line naming the
+``pip install``.
 """
+
+from .._extras import require
+
+require("lips_flwr.experiments", ["torch"])

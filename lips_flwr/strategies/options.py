@@ -50,6 +50,7 @@ class LIPSOptions(TypedDict, total=False):
     mode: str
     seed: int
     inertia_t0: int | None
+    mask_last_round: bool
     trigger: str
     trigger_window: int
     trigger_factor: float

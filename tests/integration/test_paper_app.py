@@ -34,7 +34,8 @@ def test_paper_app_runs_lips_and_records_every_round(flwr, tmp_path):
     assert data["run_config"]["algorithm"] == "lips"
     rounds = data["rounds"]
     assert sorted(rounds, key=int) == ["1", "2", "3"]
-    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 1]
+    # Round 3 is the final round: no mask after the last aggregation (was [1, 0, 1]: issue 35).
+    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 0]
     for entry in rounds.values():
         assert 0.0 <= entry["train"]["acc-before"] <= 1.0
         assert 0.0 <= entry["evaluate"]["acc-after"] <= 1.0

@@ -80,6 +80,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         score=str(cfg["score"]),
         mode=str(cfg["mode"]),
         seed=int(cfg["seed"]),
+        mask_last_round=bool(cfg["mask-last-round"]),
     )
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=num_rounds))
 

@@ -42,6 +42,7 @@ def main(grid: Grid, context: Context) -> None:
         score=str(cfg["score"]),
         mode=str(cfg["mode"]),
         seed=int(cfg["seed"]),
+        mask_last_round=bool(cfg["mask-last-round"]),
         # A restarted server continues the run: see docs/restart.md.
         checkpoint_path=str(cfg["checkpoint-path"]) or None,
         resume=resume_option(cfg["resume"]),

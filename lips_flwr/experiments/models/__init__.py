@@ -3,8 +3,9 @@
 * :class:`DigitsCNN`: tiny CNN for scikit-learn's 8x8 digits (quickstarts, tests).
 * :class:`FashionCNN`: ~36k-parameter five-conv CNN for 28x28 grayscale images.
 * :class:`VGG6`: the paper's CIFAR-10 model (~3.92M parameters).
-* :class:`ResNet8`: the paper's CIFAR-100 model (~1.26M parameters, 100 classes).
-* :class:`ResNet10`: the paper's TinyImageNet model (~5.01M parameters, 200 classes).
+* :func:`ResNet8`: the paper's CIFAR-100 model (~1.26M parameters, 100 classes).
+* :func:`ResNet10`: the paper's TinyImageNet model (~5.01M parameters, 200 classes).
+  Both build one class, :class:`ResNet`, with their stages.
 
 :func:`build_model` builds any of them by name.
 """

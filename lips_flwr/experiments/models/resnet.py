@@ -6,7 +6,9 @@ max-pool, then stages of one :class:`BasicBlock` each, global average pooling
 and a linear classifier. ResNet8 has stages of 64, 128 and 256 channels
 (strides 1, 2, 2); ResNet10 adds a fourth of 512 channels (stride 2). A block
 whose output shape differs from its input gets a 1x1 convolution + batch norm
-shortcut. Both are built by :class:`ResNet`, so only the stage widths differ.
+shortcut. Both are one class, :class:`ResNet`, that takes the stages:
+:func:`ResNet8` and :func:`ResNet10` build it with their stages and default
+class counts (``isinstance(model, ResNet)``; ``len(model.stages)`` says which).
 
 Parameter counts: ResNet8 with 100 classes about 1.26M, ResNet10 with 200
 classes about 5.01M.
@@ -116,6 +118,7 @@ class ResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         previous = STEM_CHANNELS
+        self.stages = tuple(stages)  # (ResNet8 or ResNet10: RESNET8_STAGES or RESNET10_STAGES)
         self.num_stages = len(stages)
         for index, (channels, stride) in enumerate(stages, start=1):
             self.add_module(f"layer{index}", nn.Sequential(BasicBlock(previous, channels, stride)))
@@ -151,7 +154,7 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-class ResNet8(ResNet):
+def ResNet8(num_classes: int = 100, in_channels: int = 3) -> ResNet:  # noqa: N802 (the model's name)
     """ResNet8: stages of 64, 128 and 256 channels; the paper's CIFAR-100 model.
 
     Parameters
@@ -166,12 +169,10 @@ class ResNet8(ResNet):
     >>> ResNet8()(torch.zeros(2, 3, 32, 32)).shape
     torch.Size([2, 100])
     """
-
-    def __init__(self, num_classes: int = 100, in_channels: int = 3) -> None:
-        super().__init__(RESNET8_STAGES, num_classes, in_channels)
+    return ResNet(RESNET8_STAGES, num_classes, in_channels)
 
 
-class ResNet10(ResNet):
+def ResNet10(num_classes: int = 200, in_channels: int = 3) -> ResNet:  # noqa: N802 (the model's name)
     """ResNet10: ResNet8 plus a 512-channel stage; the paper's TinyImageNet model.
 
     Parameters
@@ -186,9 +187,7 @@ class ResNet10(ResNet):
     >>> ResNet10()(torch.zeros(2, 3, 64, 64)).shape
     torch.Size([2, 200])
     """
-
-    def __init__(self, num_classes: int = 200, in_channels: int = 3) -> None:
-        super().__init__(RESNET10_STAGES, num_classes, in_channels)
+    return ResNet(RESNET10_STAGES, num_classes, in_channels)
 
 
 __all__ = [

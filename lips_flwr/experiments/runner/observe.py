@@ -10,7 +10,9 @@
   left without a reply;
 - ``relative_step``: each weight layer's ``||w_t - w_{t-1}|| / ||w_{t-1}||``
   of the global models the Grid broadcasts (train instructions of round
-  ``t + 1`` and evaluate instructions of round ``t`` carry ``w_t``); the
+  ``t + 1`` and evaluate instructions of round ``t`` carry ``w_t``), by
+  :func:`~lips_flwr.core.inertia.relative_step`, ``None`` for a layer whose
+  ``w_{t-1}`` is all zero (where the core's metric says 0); the
   layers are :func:`~lips_flwr.core.layers.select_layers` ``"all"``, in the
   model's order, and ``"middle"`` marks the middle ones. A strategy that
   sends nodes different models is measured on the lowest node's;
@@ -57,6 +59,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
+from ...core.inertia import relative_step
 from ...core.layers import select_layers
 from ...persistence.npz_store import write_atomic
 from ..results import write_json_atomic
@@ -283,10 +286,10 @@ class RunObserver:
                 before = self._last[1].get(name)
                 if before is None or before.shape != now.shape:
                     continue
-                base = float(np.linalg.norm(before.astype(np.float64)))
-                step = float(np.linalg.norm(now.astype(np.float64) - before))
-                # (a non-finite model gives a NaN step, not None: stalled_rounds() finds it)
-                steps[name] = step / base if base > 0 or not math.isfinite(base) else None
+                # None for a zero-norm layer (the core's metric says 0.0): the reports leave it out;
+                # a non-finite model gives a NaN step, not None: stalled_rounds() finds it
+                step = relative_step(now, before)
+                steps[name] = math.nan if step is None and not np.isfinite(before).all() else step
             self.rounds.setdefault(index, {})["relative_step"] = steps
             self.rounds[index]["zeros"] = zero_fractions(weights, self.layers)
             self.save()  # (before the model: a stop between the two computes this step again)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -300,3 +301,27 @@ def test_client_mode_random_mask_is_the_same_in_every_run_of_a_simulation():
     app = FakeApp()
     lips_mod(message(tiny_model(), config), other, app)
     assert not np.array_equal(app.received[0]["conv2.weight"] == 0, masks[0])  # another client differs
+
+
+@pytest.mark.parametrize("local", [None, ["head.*"]])
+def test_fedbn_mod_says_once_that_a_model_without_batch_norm_has_nothing_to_keep(local, caplog):
+    """Issue 35: on a model without batch-norm layers the mod was silently FedAvg."""
+    app, ctx = FakeApp(), context()
+    mod = make_fedbn_mod(local=local)
+    plain = {k: v for k, v in tiny_model(0).items() if not k.startswith("bn")}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for kind in (MessageType.TRAIN, MessageType.EVALUATE, MessageType.TRAIN):
+            mod(message(plain, {}, kind), ctx, app)
+    told = [r.getMessage() for r in caplog.records if "nothing to keep local" in r.getMessage()]
+    assert len(told) == 1
+    assert ("no batch-norm layers" if local is None else "matches local=['head.*']") in told[0]
+    for got in app.received:  # passed through as sent
+        for name in plain:
+            np.testing.assert_array_equal(got[name], plain[name])
+
+
+def test_fedbn_mod_on_a_batch_norm_model_says_nothing(caplog):
+    app, ctx = FakeApp(), context()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        make_fedbn_mod()(message(tiny_model(0), {}), ctx, app)
+    assert not [r for r in caplog.records if "nothing to keep" in r.getMessage()]

@@ -56,7 +56,7 @@ def test_key_names():
     assert MODES == ("server", "client")
     assert set(LIPS_OPTIONS) == {
         "num_rounds", "tau0", "every", "start_round", "decay", "score", "layers", "mode", "seed",
-        "inertia_t0",
+        "inertia_t0", "mask_last_round",
     }
 
 
@@ -68,6 +68,23 @@ def test_defaults():
 
 
 # --------------------------------------------------------------------------- round
+def test_the_final_round_masks_only_with_mask_last_round(small_net):
+    """Server mode: round num_rounds is no mask round by default (issue 35); the option restores it,
+    and a checkpoint's settings name it only when set (old checkpoints resume as before)."""
+    aggregate = perturbed(small_net)
+    spared = LIPSCore(num_rounds=6, every=5).round(6, aggregate, small_net)
+    assert spared.model is None and spared.metrics["lips-mask-round"] == 0
+    assert spared.metrics["lips-tau"] == 0.0 and spared.metrics["lips-zeros"] == 0
+    told = LIPSCore(num_rounds=6, every=5, mask_last_round=True)
+    outcome = told.round(6, aggregate, small_net)
+    assert outcome.model is not None and outcome.metrics["lips-zeros"] > 0
+    assert told.settings()["mask_last_round"] is True
+    assert "mask_last_round" not in LIPSCore(num_rounds=6).settings()
+    assert LIPSCore(num_rounds=6, every=5, mode="client").schedule.mask_rounds() == [1, 6]
+    with pytest.raises(ValueError, match="mask_last_round"):
+        LIPSCore(mask_last_round=1)
+
+
 def test_after_aggregation_masks_only_on_mask_rounds(small_net):
     T = 12
     sp = LIPSCore(num_rounds=T, tau0=0.5, every=5)
@@ -285,7 +302,9 @@ def test_describe():
     assert described["Layers"] == "custom predicate"
     assert "20 rounds" in described["Mask rounds"]
     assert dict(LIPSCore().describe())["Mask rounds"] == "after start()"
-    assert dict(LIPSCore(num_rounds=6).describe())["Mask rounds"] == [1, 6]
+    # (was [1, 6]: the defect of issue 35, the final round freshly masked)
+    assert dict(LIPSCore(num_rounds=6).describe())["Mask rounds"] == [1]
+    assert dict(LIPSCore(num_rounds=6, mask_last_round=True).describe())["Mask rounds"] == [1, 6]
 
 
 # --------------------------------------------------------------------------- validation

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lips_flwr.core.inertia import InertiaTracker, relative_steps
+from lips_flwr.core.inertia import InertiaTracker, relative_step, relative_steps
 from lips_flwr.core.lips import LIPSCore
 
 # Four weight layers (first, two middle, last) and a bias: the first and last are
@@ -32,6 +32,16 @@ def test_relative_steps_exact_values():
     steps = relative_steps(AGGREGATE, PREVIOUS, names)
     assert steps == EXPECTED
     assert all(type(v) is float for v in steps.values())
+
+
+def test_one_formula_and_the_zero_norm_layer_named_at_each_use():
+    """relative_step is the formula; a zero-norm layer is None there, 0.0 in the core's metrics
+    (a number, and the trigger's series take every layer), None in the runner's observer (reports
+    leave it out). Before, the two computed it apart and disagreed without saying so."""
+    names = ["first.weight", "mid1.weight", "mid2.weight", "last.weight"]
+    single = {n: relative_step(AGGREGATE[n], PREVIOUS[n]) for n in names}
+    assert single == {**EXPECTED, "mid2.weight": None}
+    assert relative_steps(AGGREGATE, PREVIOUS, names) == {**single, "mid2.weight": 0.0}
 
 
 def test_relative_steps_accumulate_in_float64():

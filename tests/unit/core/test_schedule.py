@@ -31,6 +31,18 @@ def test_every_1_masks_every_round():
     assert sched.mask_rounds() == list(range(1, 8))
 
 
+def test_without_mask_last_round_the_final_round_is_never_a_mask_round():
+    """every=5 over 6 rounds: 1 and 6 as the paper's rule reads, 1 only when the last may not mask."""
+    assert MaskSchedule(6, every=5).mask_rounds() == [1, 6]
+    last_spared = MaskSchedule(6, every=5, mask_last_round=False)
+    assert last_spared.mask_rounds() == [1]
+    assert (last_spared.is_mask_round(6), last_spared.tau(6)) == (False, 0.0)
+    assert MaskSchedule(1, every=1, mask_last_round=False).mask_rounds() == []
+    assert MaskSchedule(7, every=5, mask_last_round=False).mask_rounds() == [1, 6]
+    with pytest.raises(ValueError, match="mask_last_round"):
+        MaskSchedule(6, mask_last_round="no")
+
+
 def test_round_zero_and_negative_are_not_mask_rounds():
     sched = MaskSchedule(num_rounds=10, every=5)
     assert not sched.is_mask_round(0)

@@ -14,9 +14,10 @@ from lips_flwr.experiments.models import (
     MODEL_NAMES,
     DigitsCNN,
     FashionCNN,
+    VGG6,
+    ResNet,
     ResNet8,
     ResNet10,
-    VGG6,
     build_model,
 )
 
@@ -35,12 +36,12 @@ def vgg6() -> VGG6:
 
 
 @pytest.fixture(scope="module")
-def resnet8() -> ResNet8:
+def resnet8() -> ResNet:
     return ResNet8()
 
 
 @pytest.fixture(scope="module")
-def resnet10() -> ResNet10:
+def resnet10() -> ResNet:
     return ResNet10()
 
 
@@ -218,13 +219,17 @@ def test_batch_norm_never_selected(vgg6, resnet8, fashion):
         ("digits-cnn", DigitsCNN, 10, 1),
         ("fashion-cnn", FashionCNN, 10, 1),
         ("vgg6", VGG6, 10, 3),
-        ("resnet8", ResNet8, 100, 3),
-        ("resnet10", ResNet10, 200, 3),
+        # one class since issue 36 (were the twin subclasses ResNet8 and ResNet10): its stages tell
+        ("resnet8", ResNet, 100, 3),
+        ("resnet10", ResNet, 200, 3),
     ],
 )
 def test_build_model(name, cls, classes, channels):
     model = build_model(name, classes, channels)
     assert type(model) is cls
+    if cls is ResNet:
+        assert model.stages == {"resnet8": ResNet8, "resnet10": ResNet10}[name]().stages
+        assert len(model.stages) == {"resnet8": 3, "resnet10": 4}[name]
     assert name in MODEL_NAMES
     head = list(model.state_dict().items())
     weights = [v for k, v in head if k.endswith("weight") and v.ndim == 2]
@@ -246,3 +251,37 @@ def test_build_model_unknown_name():
 def test_build_model_digits_cnn_is_fixed():
     with pytest.raises(ValueError, match="digits-cnn"):
         build_model("digits-cnn", 5, 1)
+
+
+# Recorded from the two classes ResNet8 and ResNet10 (subclasses of ResNet) before they became one
+# class (issue 36): seed 0, 1 thread; state_dict (name, shape, dtype) digest exact, values and a
+# seeded batch's logits to float32 rounding.
+RESNET_GOLDEN = {
+    "resnet8": ((2, 3, 32, 32), 56, "d2ee9b7cf7ab5f85", 2728.7125999879063,
+                [0.049968, 0.137464, -0.476931, -0.116441], -10.97639668919146),
+    "resnet10": ((2, 3, 64, 64), 74, "834f331118c51c85", 5794.348183189865,
+                 [0.14096, 0.162779, 0.007592, 0.469164], 8.253701379522681),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESNET_GOLDEN))
+def test_resnets_are_the_models_they_were_for_a_seed(name):
+    import hashlib
+
+    shape, count, digest, total, first_logits, logits_sum = RESNET_GOLDEN[name]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = build_model(name, 100 if name == "resnet8" else 200, 3).eval()
+        state = model.state_dict()
+        names = repr([(k, tuple(v.shape), str(v.dtype)) for k, v in state.items()])
+        assert (len(state), hashlib.sha256(names.encode()).hexdigest()[:16]) == (count, digest)
+        assert sum(float(v.double().sum()) for v in state.values()) == pytest.approx(total, rel=1e-9)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            out = model(torch.randn(*shape))
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_allclose(out[0, :4].numpy(), first_logits, atol=2e-6)
+    assert float(out.double().sum()) == pytest.approx(logits_sum, abs=1e-4)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 
 from lips_flwr.persistence.checkpoint import Checkpoint, check_writable, load_checkpoint, save_checkpoint
 from lips_flwr.persistence.npz_store import path_lock
+from watchdog import child_status
 
 REPO = Path(__file__).resolve().parents[3]
 SAVES = 150
@@ -95,6 +94,7 @@ WRITER = r"""
 import json, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[4])
+sys.path.insert(1, str(Path(sys.argv[4]).parent))  # tests/unit: the module imports watchdog
 from test_concurrent_saves import save_all
 path, first, go = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 while not go.exists():
@@ -163,15 +163,7 @@ def test_a_child_forked_while_a_thread_saves_can_save_too(tmp_path):
                 save_checkpoint(path, checkpoint(9, 1))
             finally:
                 os._exit(0 if path.exists() else 1)
-        deadline = time.monotonic() + 60
-        done, status = os.waitpid(pid, os.WNOHANG)
-        while done == 0 and time.monotonic() < deadline:  # a blocked child must fail, not hang
-            time.sleep(0.01)
-            done, status = os.waitpid(pid, os.WNOHANG)
-        if done == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child blocked on the per-path lock")
+        status = child_status(pid, "the per-path lock")  # a blocked child must fail, not hang
     finally:
         release.set()
         holder.join()

@@ -85,6 +85,29 @@ def test_masks_exactly_on_schedule_and_only_middle_layers():
     assert history[0][2]["lips-layers-masked"] == len(MIDDLE)
 
 
+@pytest.mark.parametrize("mask_last_round", [False, True])
+def test_the_model_after_the_final_round_is_not_freshly_masked_unless_told(mask_last_round):
+    """Issue 35: every=5 over 6 rounds masked rounds 1 and 6, so the model returned after the last
+    round had a fraction of its middle weights zeroed, with no round left to regrow them."""
+    strategy = LIPS(FedAvg(), num_rounds=6, tau0=0.5, every=5, mask_last_round=mask_last_round)
+    history = run_rounds(strategy, num_rounds=6)
+    assert [m["lips-mask-round"] for _, _, m in history] == [1, 0, 0, 0, 0, int(mask_last_round)]
+    before, after, metrics = history[-1]
+    aggregate = fedavg_of(client_models(before, len(EXAMPLES), seed=6), EXAMPLES)
+    fresh = sum(zeros_placed(aggregate[name], after[name]) for name in MIDDLE)
+    assert fresh == metrics["lips-zeros"]
+    assert (fresh > 0) == mask_last_round
+
+
+def test_client_mode_still_masks_its_last_scheduled_round():
+    """The clients train after their mask: the final round's mask is not the returned model's."""
+    strategy = LIPS(FedAvg(), num_rounds=6, every=5, mode="client")
+    arrays = to_record(tiny_model(0))
+    for rnd in (1, 6):
+        config = next(iter(strategy.configure_train(rnd, arrays, ConfigRecord(), grid()))).content["config"]
+        assert config["lips-tau"] > 0, rnd
+
+
 def test_metrics_of_inner_strategy_are_kept():
     strategy = LIPS(FedAvg(), num_rounds=3)
     _, _, metrics = run_rounds(strategy, num_rounds=1)[0]

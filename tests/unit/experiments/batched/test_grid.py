@@ -20,6 +20,7 @@ from lips_flwr.experiments.batched import rendezvous as rendezvous_module
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_compute
+from watchdog import finishes
 
 PAPER = Path(__file__).resolve().parents[4] / "examples" / "paper"
 sys.path.insert(0, str(PAPER))
@@ -247,19 +248,7 @@ def test_client_threads_take_turns_running_their_python(monkeypatch):
 
 def _finishes(fn, seconds: float = 30.0):
     """``fn()``'s result or exception, run in a thread that must end within ``seconds`` (no hang)."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["result"] = fn()
-        except BaseException as err:  # noqa: BLE001
-            out["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), "the Rendezvous hung"
-    return out
+    return finishes(fn, seconds, hung="the Rendezvous hung")
 
 
 def test_a_call_from_a_thread_the_client_started_is_an_error_not_a_hang(monkeypatch):
@@ -334,7 +323,8 @@ def test_the_paper_app_runs_unchanged_on_the_grid(tmp_path):
                        run_config=run_config({**TINY, "results-path": str(results)}))
     assert grid.first_error is None and grid.client_seconds > 0
     rounds = json.loads(results.read_text())["rounds"]
-    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 1]
+    # Round 3 is the final round: no mask after the last aggregation (was [1, 0, 1]: issue 35).
+    assert [rounds[r]["train"]["lips-mask-round"] for r in ("1", "2", "3")] == [1, 0, 0]
     assert all(rounds[r]["train"]["num-examples"] == 3 * 40 for r in rounds)
     assert all(0 <= rounds[r]["evaluate"]["acc-after"] <= 1 for r in rounds)
 

@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+import watchdog
 from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.training import local_compute
@@ -41,19 +42,7 @@ def abandoned_calls_end():
 
 def finishes(fn, seconds: float = 60.0) -> dict:
     """``fn()``'s result or exception, run in a thread that must end within ``seconds`` (no hang)."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["result"] = fn()
-        except BaseException as err:  # noqa: BLE001
-            out["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), "the run hung"
-    return out
+    return watchdog.finishes(fn, seconds, hung="the run hung")
 
 
 def gathered_train() -> None:

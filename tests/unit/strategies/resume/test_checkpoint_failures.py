@@ -16,12 +16,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import lips_flwr.persistence.lock as lock_module
 import lips_flwr.strategies.resume.keeper as keeper_module
+from watchdog import child_status
 from flower_fakes import (
     client_manager,
     client_models,
@@ -224,15 +223,7 @@ def test_a_child_forked_while_a_thread_holds_the_lock_table_can_lock(tmp_path):
                 lock_module.lock_checkpoint(tmp_path / "child.npz").release()
             finally:
                 os._exit(0)
-        deadline = time.monotonic() + 60
-        done, status = os.waitpid(pid, os.WNOHANG)
-        while done == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-            done, status = os.waitpid(pid, os.WNOHANG)
-        if done == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child blocked on the lock table's guard")
+        status = child_status(pid, "the lock table's guard")
     finally:
         release.set()
         holder.join()
