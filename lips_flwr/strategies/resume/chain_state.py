@@ -208,14 +208,15 @@ def restore_state(
 ) -> None:
     """Put captured state back into a chain of the same classes; ``ValueError`` otherwise.
 
-    Everything is checked before anything is set: array state goes to an
-    attribute that holds no other object and, unless saved ``unshaped``, fits
-    ``model`` (the checkpoint's); a value to an attribute holding one of its
-    kind (any over ``None``), text only to declared state (other text is a
-    setting: a record or metric name replies are read by); an object's state
-    is loaded into a copy of it first (:func:`_copy`); and only state the live
-    chain declares is restored (:func:`_declared_only`). Each restored value
-    that differs from what the strategy was built with is named in a warning.
+    Only state the live chain declares is restored, and that is settled
+    first (:func:`_declared_only`): the rest is refused, or with
+    ``skip_undeclared`` dropped, before any other check. Everything is checked
+    before anything is set: array state goes to an attribute that holds no
+    other object and, unless saved ``unshaped``, fits ``model`` (the
+    checkpoint's); a value to an attribute holding one of its kind (any over
+    ``None``); an object's state is loaded into a copy of it first
+    (:func:`_copy`). Each restored value that differs from what the strategy
+    was built with is named in a warning.
     """
     meta = meta or {}
     here = _attributes(owner)
@@ -229,6 +230,7 @@ def restore_state(
     if changed:
         log(WARNING, "LIPS: resuming with other settings of the wrapped strategies: %s",
             "; ".join(changed))
+    arrays, meta = _declared_only(arrays, meta, here, skip_undeclared)
 
     def target(key: str, what: str) -> tuple[Any, str]:
         if key not in here:
@@ -237,7 +239,7 @@ def restore_state(
         return here[key]
 
     unshaped = set(unshaped)
-    updates: list[tuple[Any, str, Any, str]] = []
+    updates: list[tuple[Any, str, Any]] = []
     for key, (kind, tensors) in arrays.items():
         inner, attribute = target(key, "array state")
         current = getattr(inner, attribute)
@@ -248,7 +250,7 @@ def restore_state(
         problem = None if model is None or key in unshaped else shape_problem(tensors, model)
         if problem is not None:
             raise ValueError(f"the checkpoint's array state {key!r} does not fit its model: {problem}")
-        updates.append((inner, attribute, from_state(kind, tensors), key))
+        updates.append((inner, attribute, from_state(kind, tensors)))
     restored = []
     for key, value in meta.get("scalars", {}).items():
         inner, attribute = target(key, "the value")
@@ -263,40 +265,46 @@ def restore_state(
             raise ValueError(f"the checkpoint's value for {key!r} is a {type(value).__name__} "
                              f"({value!r}), the strategy's a {type(live).__name__} ({live!r}): "
                              "not written by this strategy chain")
-        if saved_kind == "str" and value != live and attribute not in declared_state(inner)[0]:
-            raise ValueError(f"the checkpoint's value for {key!r} ({value!r}) would replace {live!r}: text "
-                             "a strategy does not declare as its state is a setting (a record or metric "
-                             "name), which a checkpoint does not change: not written by this strategy chain")
-        updates.append((inner, attribute, value, key))
+        updates.append((inner, attribute, value))
         if _scalar(live) != value or type(_scalar(live)) is not type(value):
-            restored.append((key, f"{key} = {value!r} (built with {live!r})"))
+            restored.append(f"{key} = {value!r} (built with {live!r})")
     objects = [(getattr(*target(key, "the state of")), key, state)
                for key, state in meta.get("objects", {}).items()]
-    undeclared = [key for key in (*arrays, *meta.get("scalars", {}), *meta.get("objects", {}))
-                  if here[key][1] not in declared_state(here[key][0])[0]]
-    if skip_undeclared and undeclared:  # left as built: not checked against their objects either
-        log(WARNING, "LIPS: skipping %s of the checkpoint (skip_undeclared_state=True): the wrapped "
-            "strategies do not declare them as their state; they start as built", ", ".join(undeclared))
-        updates = [update for update in updates if update[3] not in undeclared]
-        objects = [found for found in objects if found[1] not in undeclared]
-        restored = [found for found in restored if found[0] not in undeclared]
     # An object checks its state in its own load_state_dict: each loads it into a copy first, nothing
     # set yet; one that cannot be copied loads it itself, after those checks and before any setattr.
     tried = [(obj, key, state, _copy(obj)) for obj, key, state in objects]
     for obj, key, state, trial in sorted(tried, key=lambda found: found[3] is None):
-        if trial is None and undeclared and not skip_undeclared:
-            break  # an object loads itself only once nothing is refused
         _load(obj if trial is None else trial, key, state)
-    if undeclared and not skip_undeclared:
-        raise ResultFileError(_undeclared_message(undeclared, here))
-    for inner, attribute, value, _ in updates:
+    for inner, attribute, value in updates:
         setattr(inner, attribute, value)
     for obj, key, state, trial in tried:
         if trial is not None:
             _load(obj, key, state)
     if restored:
         log(WARNING, "LIPS: restoring values of the wrapped strategies from the checkpoint: %s",
-            "; ".join(text for _, text in restored))
+            "; ".join(restored))
+
+
+def _declared_only(
+    arrays: Mapping[str, tuple[str, Mapping]], meta: Mapping, here: Mapping[str, tuple[Any, str]],
+    skip_undeclared: bool,
+) -> tuple[Mapping[str, tuple[str, Mapping]], Mapping]:
+    """``arrays`` and ``meta`` holding only state the live chain declares. The rest is a
+    :class:`ResultFileError` naming its keys and the ``lips_state`` fix or, with ``skip_undeclared``,
+    dropped behind a WARNING, unchecked: it starts as built. Keys the chain lacks are kept (refused later)."""
+    saved = (*arrays, *meta.get("scalars", {}), *meta.get("objects", {}))
+    undeclared = [key for key in saved if key in here and here[key][1] not in declared_state(here[key][0])[0]]
+    if not undeclared:
+        return arrays, meta
+    if not skip_undeclared:
+        raise ResultFileError(_undeclared_message(undeclared, here))
+    log(WARNING, "LIPS: skipping %s of the checkpoint (skip_undeclared_state=True): the wrapped "
+        "strategies do not declare them as their state; they start as built", ", ".join(undeclared))
+
+    def declared(part: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in part.items() if key not in undeclared}
+    return declared(arrays), {**meta, "scalars": declared(meta.get("scalars", {})),
+                              "objects": declared(meta.get("objects", {}))}
 
 
 def _undeclared_message(keys: list[str], here: Mapping[str, tuple[Any, str]]) -> str:

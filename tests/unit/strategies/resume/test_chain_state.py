@@ -12,6 +12,7 @@ warning and not restored.
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -290,13 +291,13 @@ def test_skip_undeclared_state_is_a_bool():
 
 
 class LedgerFedAvg(message.FedAvg):
-    """Declared state: an object, a number and arrays."""
+    """Declared state: two objects, a number and arrays."""
 
-    lips_state = ("ledger", "seen", "kept")
+    lips_state = ("ledger", "seen", "kept", "other")
 
     def __init__(self) -> None:
         super().__init__()
-        self.ledger, self.seen, self.kept = Ledger(), 0, None
+        self.ledger, self.seen, self.kept, self.other = Ledger(), 0, None, Ledger()
 
 
 def test_a_state_its_object_refuses_sets_nothing():
@@ -306,7 +307,6 @@ def test_a_state_its_object_refuses_sets_nothing():
     good = {"1.LedgerFedAvg.ledger": {"events": [1, 2]}}
     arrays = {"1.LedgerFedAvg.kept": ("dict", {n: np.zeros_like(a) for n, a in tiny_model().items()})}
     meta = {"scalars": {"1.LedgerFedAvg.seen": 5}}
-    owner.strategy.other = Ledger()
     for objects in ({"1.LedgerFedAvg.ledger": {"x": 1}}, {**good, "1.LedgerFedAvg.other": {"x": 1}}):
         with pytest.raises(ValueError, match=r"cannot restore '1.LedgerFedAvg.(ledger|other)'.*not a ledger"):
             restore_state(owner, arrays, {**meta, "objects": objects}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays,
@@ -315,3 +315,64 @@ def test_a_state_its_object_refuses_sets_nothing():
     restore_state(owner, arrays, {**meta, "objects": good}, owner._lips_codec.to_arrays, owner._lips_codec.from_arrays, model=tiny_model())
     assert (owner.strategy.seen, owner.strategy.ledger.events) == (5, [1, 2])
     assert list(owner.strategy.kept) == NAMES
+
+
+# Undeclared state that the checks on what may be restored would refuse: text other than the live
+# setting, a value of another kind, arrays of another shape, arrays in place of a number.
+UNDECLARED = {
+    "differing text": ({}, {"1.LedgerFedAvg.weighted_by_key": "num-samples"}),
+    "wrong type": ({}, {"1.LedgerFedAvg.fraction_train": "all"}),
+    "wrong shape": ({"1.LedgerFedAvg.scratch": ("dict", {n: np.zeros(3) for n in NAMES})}, {}),
+    "arrays for a number": ({"1.LedgerFedAvg.fraction_evaluate": ("dict", tiny_model())}, {}),
+}
+
+
+def restore_with_undeclared(case, **options):
+    """A LedgerFedAvg chain given declared ``seen = 5`` and the undeclared state of ``case``."""
+    owner = LIPS(LedgerFedAvg(), **LIPS_KW)
+    owner.strategy.scratch = None  # undeclared, holds arrays once it has any
+    arrays, scalars = UNDECLARED[case]
+    codec = owner._lips_codec
+    restore_state(owner, arrays, {"scalars": {"1.LedgerFedAvg.seen": 5, **scalars}}, codec.to_arrays,
+                  codec.from_arrays, model=tiny_model(), **options)
+    return owner
+
+
+@pytest.mark.parametrize("case", list(UNDECLARED))
+def test_undeclared_state_is_refused_by_name_before_any_other_check(case):
+    """Before: such state was checked before it was known to be undeclared, so it raised the generic
+    "not written by this strategy chain" error, without the key's ``lips_state`` fix."""
+    key = next(iter({**UNDECLARED[case][0], **UNDECLARED[case][1]}))
+    with pytest.raises(ResultFileError, match=rf"holds {re.escape(key)}, which the wrapped strategies do "
+                       r"not declare.*LedgerFedAvg\.lips_state = \(\"attr\", \.\.\.\)"):
+        restore_with_undeclared(case)
+
+
+@pytest.mark.parametrize("case", list(UNDECLARED))
+def test_skip_undeclared_state_skips_it_before_any_other_check(case, caplog):
+    """Before: ``skip_undeclared=True`` still raised for such state: it was checked, then skipped."""
+    key = next(iter({**UNDECLARED[case][0], **UNDECLARED[case][1]}))
+    with caplog.at_level(logging.WARNING):
+        owner = restore_with_undeclared(case, skip_undeclared=True)
+    built, settings = LedgerFedAvg(), ("weighted_by_key", "fraction_train", "fraction_evaluate")
+    assert owner.strategy.seen == 5  # declared state is restored
+    assert owner.strategy.scratch is None
+    assert [getattr(owner.strategy, a) for a in settings] == [getattr(built, a) for a in settings]
+    skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(skipped) == 1 and key in skipped[0] and "skip_undeclared_state=True" in skipped[0]
+
+
+@pytest.mark.parametrize("arrays, scalars, match", [
+    ({"1.LedgerFedAvg.ledger": ("dict", tiny_model())}, {}, "'1.LedgerFedAvg.ledger' would replace a Ledger"),
+    ({"1.LedgerFedAvg.kept": ("dict", {n: np.zeros(3) for n in NAMES})}, {}, "kept' does not fit"),
+    ({}, {"1.LedgerFedAvg.ledger": 1}, "value for '1.LedgerFedAvg.ledger' would replace a Ledger"),
+    ({}, {"1.LedgerFedAvg.seen": "five"}, "'1.LedgerFedAvg.seen' is a str"),
+])
+def test_declared_state_is_still_checked_with_skip_undeclared_state(arrays, scalars, match):
+    """The flag skips only undeclared state: declared state that does not fit is refused, nothing set."""
+    owner = LIPS(LedgerFedAvg(), **LIPS_KW)
+    codec = owner._lips_codec
+    with pytest.raises(ValueError, match=match):
+        restore_state(owner, arrays, {"scalars": {"1.LedgerFedAvg.fraction_train": "all", **scalars}},
+                      codec.to_arrays, codec.from_arrays, model=tiny_model(), skip_undeclared=True)
+    assert (owner.strategy.seen, owner.strategy.kept, owner.strategy.fraction_train) == (0, None, 1.0)

@@ -490,11 +490,12 @@ def test_damaged_checkpoints_are_value_errors_before_any_round(tmp_path, task_id
 
 
 @pytest.mark.parametrize("edit, match", [
-    # Arrays aimed at an attribute the chain never checkpoints (the LIPS core).
+    # Arrays aimed at an attribute the chain never checkpoints (the LIPS core): not declared state,
+    # refused by name before any other check (issue 36; before, "would replace a LIPSCore").
     (lambda g, m: (g.update({"strategy-0.LIPS.core": {"a": np.ones(2)}}),
-                   m["strategy"].update({"0.LIPS.core": "dict"})), "would replace a LIPSCore"),
-    # A "scalar" aimed at an object.
-    (lambda g, m: m["strategy_meta"]["scalars"].update({"0.LIPS.core": 1}), "would replace a"),
+                   m["strategy"].update({"0.LIPS.core": "dict"})), r"holds 0\.LIPS\.core, which .*declare"),
+    # A "scalar" aimed at an object: the same (before, "would replace a").
+    (lambda g, m: m["strategy_meta"]["scalars"].update({"0.LIPS.core": 1}), r"holds 0\.LIPS\.core, which"),
     # State for an attribute the chain does not have.
     (lambda g, m: m["strategy_meta"]["scalars"].update({"1.FedAvgM.new_thing": 1}), "does not have"),
 ])
