@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
     compare.add_argument("--jobs", type=_positive, default=None,
                          help="runs at once, each in its own process with cores // jobs threads "
-                              "(default: the largest divisor of the runs to do that is at most the cores)")
+                              "(default: gcd(runs, cores): jobs x threads is every core)")
     compare.add_argument("--stall-timeout", type=_seconds, default=DEFAULT_STALL_TIMEOUT, metavar="SECONDS",
                          help="a run in which no round and no client call ends for this long fails, with the "
                               f"end of its log (default {DEFAULT_STALL_TIMEOUT:.0f}; 0: no limit)")

@@ -94,12 +94,21 @@ class Comparison:
     a: dict[str, Any] = field(default_factory=dict)
     b: dict[str, Any] = field(default_factory=dict)
     run_config: dict[str, Any] = field(default_factory=dict)
-    num_nodes: int = 10
+    num_nodes: int | None = None  # None: what `flwr run` would use for the app (runner.federation)
     metric: str | None = None
     last: int | None = None
     engine: str = "auto"
     num_nodes_from: str | None = None  # where the node count came from, in words (the CLI's; None: given)
     goal: str | None = None
+
+    def nodes(self) -> tuple[int, str | None]:
+        """The node count and where it came from: ``num_nodes`` as given, else ``flwr run``'s for the app."""
+        if self.num_nodes is not None:
+            return self.num_nodes, self.num_nodes_from
+        from .runner.federation import node_count
+
+        found = node_count(self.app)
+        return found.nodes, found.source
 
     @property
     def lips_off(self) -> bool:
@@ -114,11 +123,12 @@ class Comparison:
         check_metric(self.metric, self.goal)
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ConfigError(f"the seeds must be distinct and at least one, got {list(self.seeds)}")
+        nodes, _ = self.nodes()
         out = []
         for seed in self.seeds:
             for arm, overrides in (("a", self.a), ("b", self.b)):
                 out.append(RunSpec(self.app, run_name(arm, seed), seed, {**self.run_config, **overrides},
-                                   num_nodes=self.num_nodes, engine=self.engine,
+                                   num_nodes=nodes, engine=self.engine,
                                    lips_off=self.lips_off and arm == "a", require_evaluate=True))
         return out
 
@@ -217,7 +227,9 @@ def summarize(comparison: Comparison, results: dict[str, Result]) -> dict:
         "arms": {"a": {"overrides": comparison.a,
                        "lips_forced": dict(LIPS_OFF) if comparison.lips_off else {}},
                  "b": {"overrides": comparison.b, "lips_forced": {}}},
-        "run_config": comparison.run_config, "num_nodes": comparison.num_nodes,
+        "run_config": comparison.run_config,
+        # (the count the runs were made with, as their identity records it)
+        "num_nodes": (first.identity or {}).get("num_nodes", comparison.num_nodes),
         "num_nodes_from": comparison.num_nodes_from,
         "engine": first.identity["engine"] if first.identity else None,
         "endpoint_a": a, "endpoint_b": b, "differences": diffs, "n": len(diffs),

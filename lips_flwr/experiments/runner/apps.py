@@ -38,6 +38,7 @@ from typing import Any
 
 from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
 
+from ...errors import ConfigError
 from .provenance import PACKAGE, tree_digest
 
 CACHE_PARTS = ("__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache")
@@ -62,7 +63,10 @@ def load_app(folder: str | Path) -> FlowerApp:
     toml = folder / "pyproject.toml"
     if not toml.is_file():
         raise ValueError(f"{str(folder)!r} is not a Flower App: it has no pyproject.toml")
-    config = tomllib.loads(toml.read_text())
+    try:
+        config = tomllib.loads(toml.read_text())
+    except tomllib.TOMLDecodeError as err:  # (tomllib's message names the line, not the file)
+        raise ConfigError(f"{str(toml)!r} is not valid TOML: {err}") from None
     app = config.get("tool", {}).get("flwr", {}).get("app", {})
     components = app.get("components", {})
     missing = [key for key in ("serverapp", "clientapp") if not isinstance(components.get(key), str)]

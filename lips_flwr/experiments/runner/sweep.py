@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -93,12 +94,13 @@ class SweepStopped(KeyboardInterrupt):
 def default_jobs(runs: int, cores: int) -> int:
     """The runs at once that finish ``runs`` equal runs soonest on ``cores`` cores, never later than one.
 
-    The largest divisor of ``runs`` that is at most ``cores``: every process
-    then does ``runs / jobs`` runs with ``cores // jobs`` threads, and no
-    core idles at the end (see docs/simulation.md, "Threads and jobs").
+    ``gcd(runs, cores)``, the largest number that divides both: every process
+    then does ``runs / jobs`` runs with ``cores / jobs`` threads, so no core
+    idles, ever (a divisor of ``runs`` alone, e.g. 6 of 12 runs on 8 cores,
+    would leave 2 cores idle for the whole sweep; see docs/simulation.md,
+    "Threads and jobs").
     """
-    runs, cores = max(1, runs), max(1, cores)
-    return max(j for j in range(1, min(runs, cores) + 1) if runs % j == 0)
+    return math.gcd(max(1, runs), max(1, cores))
 
 
 def available_cores() -> int:
@@ -113,10 +115,14 @@ def run_environment(spec: RunSpec, threads: int) -> dict[str, str]:
     """A run process's environment additions: ``threads`` for OpenMP/BLAS where unset.
 
     The spec's own ``env`` wins, and so does a thread variable the sweep's
-    caller set (``OMP_NUM_THREADS=1 lips-flwr compare ...``).
+    caller set (``OMP_NUM_THREADS=1 lips-flwr compare ...``): its value then
+    goes to the others the caller left unset too, so that numpy's BLAS does
+    not run more threads than asked for.
     """
+    given = [os.environ[name] for name in THREAD_VARIABLES if os.environ.get(name)]
+    value = given[0] if given else str(threads)
     unset = [name for name in THREAD_VARIABLES if name not in os.environ]
-    return {**{name: str(threads) for name in unset}, **dict(spec.env)}
+    return {**{name: value for name in unset}, **dict(spec.env)}
 
 
 def _duplicates(specs: list[RunSpec]) -> None:
@@ -319,6 +325,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
     failure: str | None = None
     outcome: dict[str, tuple | None] = {}
     watch, stalled = StallWatch(stall_timeout), set()
+    kill_at: dict[str, float] = {}  # a stalled run's SIGKILL time, should it ignore SIGTERM
     try:
         while queue or running:
             while queue and len(running) < max(1, parallel) and failure is None:
@@ -367,6 +374,9 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                     failure = failure or message
                     progress(message.splitlines()[0] + "; the sweep stops once its running runs end")
                     process.terminate()
+                    kill_at[job.name] = time.monotonic() + 10
+                elif job.name in kill_at and time.monotonic() > kill_at[job.name] and process.is_alive():
+                    process.kill()  # (an app with its own SIGTERM handler must not keep the sweep waiting)
     except BaseException as err:
         stop_all(running.values())
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, SweepStopped):

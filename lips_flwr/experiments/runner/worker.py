@@ -200,16 +200,19 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
 
 
 def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``config`` with each string naming an existing path relative to ``folder`` made absolute.
+    """``config`` with each relative path that exists under ``folder`` made absolute.
 
     A run works in its staging folder, not in the folder the sweep was
-    started from: ``data-path='data/train.npz'`` still reads that file. A
-    relative path that does not exist there (an output, ``"model.pt"``) is
-    left as it is: it lands in the run's own folder. Runner-managed keys are
-    the runner's (``resume = "auto"`` is no path, even beside a file ``auto``).
+    started from: ``data-path='data/train.npz'`` still reads that file. Only
+    a string with a path separator counts as a path (``"data/train.npz"``,
+    ``"./mnist"``): a bare word is a setting (``dataset = "mnist"`` beside a
+    folder ``mnist/`` stays ``"mnist"``). A relative path that does not exist
+    there (an output, ``"out/model.pt"``) is left as it is: it lands in the
+    run's own folder. Runner-managed keys are the runner's.
     """
     def absolute(value: Any) -> Any:
-        if not isinstance(value, str) or not value.strip() or os.path.isabs(value):
+        if (not isinstance(value, str) or not value.strip() or os.path.isabs(value) or "://" in value
+                or not any(sep in value for sep in {"/", os.sep})):
             return value
         try:
             return str((folder / value).resolve()) if (folder / value).exists() else value

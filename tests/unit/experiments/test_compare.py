@@ -549,3 +549,12 @@ def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_fir
     assert "[a-seed1] round 2" in captured.out and "[a-seed1] round 4" not in captured.out
     assert "[b-seed1] started" not in captured.out
     assert not (tmp_path / "out" / "runs" / "a-seed1.json").exists()
+
+
+def test_the_python_api_takes_the_node_count_flwr_run_would_use(tmp_path, monkeypatch):
+    """``Comparison`` defaulted to 10 nodes where the CLI (and the docs) take ``flwr run``'s count."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))  # (no Flower config of the user's)
+    app = make_app(tmp_path / "app", lips=True)
+    assert {spec.num_nodes for spec in Comparison(app, (1, 2)).specs()} == {2}  # Flower's default
+    assert Comparison(app, (1,)).nodes()[1].startswith("Flower's default")
+    assert {spec.num_nodes for spec in Comparison(app, (1,), num_nodes=5).specs()} == {5}

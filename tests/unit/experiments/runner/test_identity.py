@@ -210,3 +210,13 @@ def test_a_sweep_script_in_the_app_folder_is_not_the_apps_code(tmp_path, monkeyp
         module.__file__ = str(script if name == "__mp_main__" else app.folder / "helpers.py")
         monkeypatch.setitem(sys.modules, name, module)
     assert sorted(loaded_modules(app)) == ["helpers.py"]
+
+
+def test_a_broken_pyproject_is_named_wherever_the_app_is_read(tmp_path):
+    """compare read the app for its node count before its own check: tomllib's message, no file name."""
+    from lips_flwr.errors import ConfigError
+    from lips_flwr.experiments.runner.apps import load_app
+
+    (tmp_path / "pyproject.toml").write_text("[project\nname = 1")
+    with pytest.raises(ConfigError, match=r"pyproject.toml' is not valid TOML"):
+        load_app(tmp_path)

@@ -31,6 +31,20 @@ def test_a_run_whose_client_never_returns_fails_after_the_timeout_with_its_log(t
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
 
 
+def test_a_stalled_run_that_ignores_sigterm_is_killed(tmp_path):
+    """A stalled run got SIGTERM only: an app with its own handler kept the sweep waiting for ever."""
+    app = make_app(tmp_path / "app")
+    client = app / "tinyapp" / "client_app.py"
+    sleep = '    time.sleep(float(context.run_config["sleep"]))\n'
+    deaf = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)  # (as the run imports it)\n"
+    client.write_text(deaf + client.read_text().replace(sleep, '    time.sleep(3600)\n'))
+    start = time.monotonic()
+    with pytest.raises(SweepFailed, match="made no progress for 20 s"):
+        run_sweep([RunSpec(app, "deaf", 0, num_nodes=2, engine="sequential")], tmp_path / "out",
+                  progress=lambda line: None, stall_timeout=20)
+    assert time.monotonic() - start < 150
+
+
 def test_a_run_that_goes_on_is_not_stalled(tmp_path):
     app = make_app(tmp_path / "app")
     [path] = run_sweep([RunSpec(app, "fine", 0, num_nodes=2, engine="sequential")], tmp_path / "out",

@@ -358,7 +358,11 @@ def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monke
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
 
-    assert default_jobs(runs=12, cores=2) == 2 and default_jobs(runs=12, cores=8) == 6
+    assert default_jobs(runs=12, cores=2) == 2 and default_jobs(runs=12, cores=8) == 4  # 4 x 2 threads
+    # gcd: jobs x threads is every core (6 jobs of 1 thread on 8 cores, as before, left 2 idle)
+    for runs, cores, jobs in ((6, 4, 2), (10, 8, 2), (12, 16, 4), (4, 3, 1), (5, 3, 1)):
+        assert default_jobs(runs=runs, cores=cores) == jobs
+        assert cores % jobs == 0 and runs % jobs == 0
     assert default_jobs(runs=3, cores=2) == 1  # 2 at a time would leave a core idle for the third run
     assert default_jobs(runs=1, cores=16) == 1 and default_jobs(runs=7, cores=7) == 7
     app_spec = RunSpec("app", "x", 0)
@@ -367,8 +371,8 @@ def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monke
     studies = RunSpec("app", "x", 0, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     assert run_environment(studies, 3) == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "3",
                                            "MKL_NUM_THREADS": "1"}  # a spec's own env wins
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # and so does the caller's own setting
-    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")  # and so does the caller's own setting, for all three
+    assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 
 def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch):
@@ -394,3 +398,13 @@ def test_a_run_config_path_that_exists_in_the_callers_folder_still_reads_from_th
     config = {"data-path": "data/train.npz", "out": "model.pt", "score": "sensitivity", "lr": 0.1, "none": "",
               "absolute": "/etc", "resume": "auto"}
     assert inputs_made_absolute(config, tmp_path) == {**config, "data-path": str(tmp_path / "data" / "train.npz")}
+
+
+def test_a_bare_word_beside_a_folder_of_its_name_is_a_setting_not_a_path(tmp_path):
+    """``dataset = "mnist"`` beside ``./mnist/`` was handed to the app as that folder's absolute path."""
+    from lips_flwr.experiments.runner.worker import inputs_made_absolute
+
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "resnet").write_bytes(b"")
+    config = {"dataset": "mnist", "model": "resnet", "here": ".", "there": "./mnist", "url": "http://x/mnist"}
+    assert inputs_made_absolute(config, tmp_path) == {**config, "there": str(tmp_path / "mnist")}
