@@ -549,3 +549,17 @@ def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_fir
     assert "[a-seed1] round 2" in captured.out and "[a-seed1] round 4" not in captured.out
     assert "[b-seed1] started" not in captured.out
     assert not (tmp_path / "out" / "runs" / "a-seed1.json").exists()
+
+
+def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path):
+    """It checked the lowest node's first reply's keys only, and refused what summarize would read."""
+    from lips_flwr.experiments.compare_metric import MetricWatch
+
+    partial = observed([0.5], keys=("loss", "acc", "n"))
+    partial["rounds"]["1"]["evaluate"]["metrics"]["rare"] = 0.25  # (another client's reply has it)
+    (tmp_path / "observed.json").write_text(json.dumps(partial))
+    lines: list[str] = []
+    MetricWatch("rare", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
+    assert lines == ["[a-seed1] round 1/2"]
+    with pytest.raises(ConfigError, match="'nosuch' is in no round"):
+        MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
