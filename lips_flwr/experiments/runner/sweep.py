@@ -30,7 +30,8 @@ stopped (a signal) stops it too, its staging folder kept. A Ctrl-C of the
 sweep stops every run, keeping their staging folders, and raises
 :class:`SweepStopped`. With a ``stall_timeout``, a run that shows no progress
 for that long fails with the end of its log (:mod:`.stall`).
-``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
+``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs
+(a caller that prepares ``out`` first takes it earlier and passes it in).
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
 run's environment (thread counts) before numpy and torch read it. A
@@ -378,13 +379,16 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
 
 def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None, recompute: bool = False,
               progress: Progress = print, flwr_timeout: float = 3600.0,
-              stall_timeout: float | None = None) -> list[Path]:
+              stall_timeout: float | None = None, lock: SweepLock | None = None) -> list[Path]:
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
 
     ``jobs``: runs at once on the batched Grid, each with ``cores // jobs``
     threads; ``None``: :func:`default_jobs` for the runs to do.
     ``stall_timeout``: a batched run that shows no progress for that many
     seconds fails (:mod:`.stall`); ``None``: no limit.
+    ``lock``: the :class:`~.store.SweepLock` of ``out`` that the caller holds
+    already (compare takes it before it checks and tidies its output
+    folder); ``None``: the sweep takes it, and frees it at its end.
     ``ValueError`` before anything runs (an unknown run-config key, a managed
     key overridden, a result file of other settings, two specs of one name,
     another sweep in ``out``); :class:`SweepFailed` when a run failed;
@@ -393,7 +397,9 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     specs = list(specs)
     out = Path(out).resolve()
     _duplicates(specs)
-    with SweepLock(out):
+    if lock is not None and lock.path.parent != out:
+        raise ValueError(f"the lock held, {str(lock.path)!r}, is not the lock of {str(out)!r}")
+    with contextlib.nullcontext() if lock is not None else SweepLock(out):
         prepared = [prepare(spec, out) for spec in specs]
         to_run = plan(prepared, recompute, progress)
         prune_staging(out, {job.name for job in to_run}, log=progress)

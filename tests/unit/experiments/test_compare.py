@@ -563,3 +563,22 @@ def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path)
     assert lines == ["[a-seed1] round 1/2"]
     with pytest.raises(ConfigError, match="'nosuch' is in no round"):
         MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
+
+
+def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anything(tmp_path, capsys):
+    """It removed the running sweep's report, and a result file under --recompute, before the lock refused it."""
+    from lips_flwr.experiments.runner.store import SweepLock
+
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    _old_style_result(out)  # (--recompute removes it before the sweep)
+    for name in ("summary.json", "report.md"):
+        (out / name).write_text("the running sweep's")
+    kept = sorted(p for p in out.rglob("*"))
+    with SweepLock(out / "runs"):
+        code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine",
+                         "sequential", "--jobs", "1", "--recompute", "--out", str(out)])
+        assert sorted(p for p in out.rglob("*") if p.name != ".sweep.lock") == kept
+    err = capsys.readouterr().err
+    assert code == 1 and "in use by another sweep" in err.strip().splitlines()[-1]
+    assert (out / "report.md").read_text() == "the running sweep's"
