@@ -26,7 +26,10 @@ a time (:func:`default_jobs` unless given), each with ``cores // jobs``
 threads; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
 first failing run stops the sweep once the running runs end
 (:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal) stops it too, its staging folder kept. A Ctrl-C of the
+stopped (a signal) stops it too, its staging folder kept. A failure that
+every run would meet (the app builds no LIPS strategy for a LIPS-off run, a
+``ConfigError``: :func:`app_failure`) stops the running runs at once, their
+staging folders kept. A Ctrl-C of the
 sweep stops every run, keeping their staging folders, and raises
 :class:`SweepStopped`. With a ``stall_timeout``, a run that shows no progress
 for that long fails with the end of its log (:mod:`.stall`).
@@ -290,6 +293,23 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
     return text
 
 
+def app_failure(event: tuple | None) -> bool:
+    """Whether a run's ``("failed", error, detail, client_error)`` event is the app's or its settings' fault.
+
+    The app builds no LIPS strategy for a LIPS-off run (:data:`~.worker.NO_LIPS`),
+    or the run ended with a :class:`~lips_flwr.errors.ConfigError` (its
+    traceback, ``detail``, names its class by module): every other run of
+    the sweep would meet it too, so they need not run on.
+    """
+    from .worker import NO_LIPS
+
+    if event is None or event[0] != "failed":
+        return False
+    error, detail = str(event[1]), str(event[2])
+    return NO_LIPS in error or any(line.startswith("lips_flwr.errors.ConfigError")
+                                   for line in detail.splitlines())
+
+
 def stop_all(running: Iterable[tuple[PreparedRun, BaseProcess]]) -> None:
     """Stop every running run's process (SIGTERM, then SIGKILL after 10 s); each keeps its staging folder."""
     running = list(running)
@@ -318,6 +338,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
     threads = max(1, available_cores() // max(1, min(parallel, len(jobs))))
     running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
     failure: str | None = None
+    halt: str | None = None  # (a run's app-level failure: the running runs are stopped now, not awaited)
     outcome: dict[str, tuple | None] = {}
     watch, stalled = StallWatch(stall_timeout), set()
     try:
@@ -360,7 +381,15 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                     elif failure is None:
                         failure = _failure(job, event if event and event[0] == "failed" else None,
                                            process.exitcode)
-                        progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+                        halt = job.name if app_failure(event) else None
+                        if halt is None:
+                            progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+            if halt is not None and running:
+                names = ", ".join(other.name for other, _ in running.values())
+                progress(f"[{halt}] failed, as every run of this app and settings would: stopping the "
+                         f"running runs now, their progress kept ({names})")
+                stop_all(running.values())
+                running.clear()
             for job, process in running.values():
                 if job.name not in stalled and watch.stalled([job.name]):
                     stalled.add(job.name)
@@ -434,5 +463,5 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     return [job.result for job in prepared]
 
 
-__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "available_cores", "claim_staging", "default_jobs",
-           "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]
+__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "available_cores", "claim_staging",
+           "default_jobs", "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]

@@ -582,3 +582,30 @@ def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anyt
     err = capsys.readouterr().err
     assert code == 1 and "in use by another sweep" in err.strip().splitlines()[-1]
     assert (out / "report.md").read_text() == "the running sweep's"
+
+
+def test_an_app_without_lips_stops_the_runs_beside_it_at_once_with_two_jobs(tmp_path, capsys):
+    """With --jobs 2, b-seed1 ran to its end (here 30 rounds of 0.4 s) before the user saw the fix."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=False, rounds=30)
+    out = tmp_path / "out"
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--jobs", "2", "--run-config", "sleep=0.2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1 and "builds no LIPS strategy" in captured.err.strip().splitlines()[-1]
+    assert "[a-seed1] failed, as every run of this app and settings would: stopping the running runs now, " \
+           "their progress kept (b-seed1)" in captured.out
+    assert "[b-seed1] round 30" not in captured.out and not (out / "runs" / "b-seed1.json").exists()
+    assert (out / "runs" / ".staging" / "b-seed1" / "identity.json").exists()  # (kept, to continue)
+
+
+def test_a_failure_every_run_would_meet_is_told_from_a_runs_own():
+    from lips_flwr.experiments.runner.sweep import app_failure
+    from lips_flwr.experiments.runner.worker import NO_LIPS
+
+    config = "Traceback (most recent call last):\n  ...\nlips_flwr.errors.ConfigError: tau0 must be in [0, 1)\n"
+    assert app_failure(("failed", f"RunFailed: {NO_LIPS}", "...", None))
+    assert app_failure(("failed", "ConfigError: tau0 must be in [0, 1)", config, None))
+    assert not app_failure(("failed", "RuntimeError: boom", "...\nRuntimeError: boom\n", "client error"))
+    assert not app_failure(("failed", "ConfigError: x", "...\nmyapp.ConfigError: x\n", None))  # (the app's own)
+    assert not app_failure(None) and not app_failure(("done",))
