@@ -45,7 +45,7 @@ from .runner.observe import WEIGHT_KEYS, stalled_rounds
 from .runner.provenance import git_state, now_utc, same_environment, versions
 from .runner.runs import LIPS_OFF, RunSpec, run_name
 from .runner.stall import DEFAULT_STALL_TIMEOUT
-from .runner.store import Result, read_result, staging_path
+from .runner.store import Result, SweepLock, read_result, staging_path
 from .runner.sweep import run_sweep
 from .stats import MIN_ROUNDS, NO_TEST_ZERO_VARIANCE, inertia_rho, inertia_verdict, paired, verdict
 
@@ -283,24 +283,29 @@ def run_compare(comparison: Comparison, out: str | Path, jobs: int | None = None
 
     ``stall_timeout``: a run without progress for that many seconds fails (:mod:`.runner.stall`).
     """
-    from .compare_out import made_folders, prepared_sweep, remove_made
+    from .compare_out import check_out, made_folders, prepared_sweep, remove_made
     from .compare_report import write_report
 
     out = Path(out).resolve()
     specs = comparison.specs()
     made = made_folders(out / "runs")
     try:
-        prepared_sweep(specs, out, recompute, progress)
-        first = specs[0].name  # (its first evaluated round tells whether the metric is there)
-        watch = MetricWatch(comparison.metric, first, staging_path(out / "runs", first), progress)
-        paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=watch,
-                          stall_timeout=stall_timeout)
+        check_out(out)  # (before the lock makes runs/: a file in the way is named, not an OS error)
+        # The sweep's lock, held before anything in `out` is removed (a result file under --recompute,
+        # the old report) and until the report is written: a second compare into `out` is refused
+        # before it touches the first one's files.
+        with SweepLock(out / "runs") as lock:
+            prepared_sweep(specs, out, recompute, progress)
+            first = specs[0].name  # (its first evaluated round tells whether the metric is there)
+            watch = MetricWatch(comparison.metric, first, staging_path(out / "runs", first), progress)
+            paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=watch,
+                              stall_timeout=stall_timeout, lock=lock)
+            results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
+            summary = summarize(comparison, results)
+            write_report(comparison, summary, results, out)
     except BaseException:
         remove_made(made)  # (a refused sweep leaves no empty runs/; a stopped run's staging stays)
         raise
-    results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
-    summary = summarize(comparison, results)
-    write_report(comparison, summary, results, out)
     return summary
 
 

@@ -39,6 +39,19 @@ def server_keys(observed: dict | None) -> list[str]:
     return []
 
 
+def client_keys(observed: dict | None) -> list[str]:
+    """The clients' evaluate metrics in a run's observations: ``evaluate_keys``, then the rest of the union.
+
+    ``evaluate_keys`` are the lowest node's first reply's only; a metric that
+    only some clients report is in the rounds' aggregated metrics (what
+    :func:`evaluate_series` reads), added here in round order.
+    """
+    keys = list((observed or {}).get("evaluate_keys") or [])
+    for _, entry in sorted((observed or {}).get("rounds", {}).items(), key=lambda item: int(item[0])):
+        keys += [k for k in ((entry.get("evaluate") or {}).get("metrics") or {}) if k not in keys]
+    return keys
+
+
 def _reported(observed: dict | None) -> str:
     clients = (observed or {}).get("evaluate_keys") or "no evaluate metrics"
     server = server_keys(observed)
@@ -86,7 +99,9 @@ class MetricWatch:
     run ``first``, it reads that run's partial observations (its staging
     folder's ``observed.json``, saved before the line is sent) and, once they
     hold an evaluated round, checks the metric there (:func:`choose_metric`)
-    once: an unknown name raises ``ConfigError``, which stops the sweep.
+    once: a name in none of the rounds' aggregated clients' metrics
+    (:func:`client_keys`, as :func:`evaluate_series` reads them) nor the
+    ServerApp's raises ``ConfigError``, which stops the sweep.
     """
 
     def __init__(self, metric: str | None, first: str, staging: Path,
@@ -109,9 +124,9 @@ class MetricWatch:
             return
         self.checked = True
         metric, source = choose_metric(observed, self.metric, self.first)
-        if metric not in (observed.get("evaluate_keys") or []) and metric not in server_keys(observed):
+        if metric not in client_keys(observed) and metric not in server_keys(observed):
             raise unknown_metric(metric, observed, [self.first])
 
 
-__all__ = ["MetricWatch", "SOURCES", "choose_metric", "default_metric", "evaluate_series", "server_keys",
-           "unknown_metric"]
+__all__ = ["MetricWatch", "SOURCES", "choose_metric", "client_keys", "default_metric", "evaluate_series",
+           "server_keys", "unknown_metric"]

@@ -1,6 +1,8 @@
 """``lips-flwr compare``'s output folder: what is checked before a sweep writes into it, and the stale report.
 
-Before anything runs (:func:`prepared_sweep`):
+Before anything runs (:func:`prepared_sweep`, which compare calls holding
+the sweep's lock on ``runs/``: a second compare into the folder is refused
+before it removes anything):
 
 - ``--out`` must be a folder compare can write (not a file, not below a
   file, not read-only; ``runs/`` neither), and none of its output names a

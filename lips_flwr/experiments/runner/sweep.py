@@ -26,11 +26,15 @@ a time (:func:`default_jobs` unless given), each with ``cores // jobs``
 threads; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
 first failing run stops the sweep once the running runs end
 (:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal) stops it too, its staging folder kept. A Ctrl-C of the
+stopped (a signal) stops it too, its staging folder kept. A failure that
+every run would meet (the app builds no LIPS strategy for a LIPS-off run, a
+``ConfigError``: :func:`app_failure`) stops the running runs at once, their
+staging folders kept. A Ctrl-C of the
 sweep stops every run, keeping their staging folders, and raises
 :class:`SweepStopped`. With a ``stall_timeout``, a run that shows no progress
 for that long fails with the end of its log (:mod:`.stall`).
-``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs.
+``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs
+(a caller that prepares ``out`` first takes it earlier and passes it in).
 
 The processes are started with ``spawn``: a fresh interpreter that sets the
 run's environment (thread counts) before numpy and torch read it. A
@@ -295,6 +299,23 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
     return text
 
 
+def app_failure(event: tuple | None) -> bool:
+    """Whether a run's ``("failed", error, detail, client_error)`` event is the app's or its settings' fault.
+
+    The app builds no LIPS strategy for a LIPS-off run (:data:`~.worker.NO_LIPS`),
+    or the run ended with a :class:`~lips_flwr.errors.ConfigError` (its
+    traceback, ``detail``, names its class by module): every other run of
+    the sweep would meet it too, so they need not run on.
+    """
+    from .worker import NO_LIPS
+
+    if event is None or event[0] != "failed":
+        return False
+    error, detail = str(event[1]), str(event[2])
+    return NO_LIPS in error or any(line.startswith("lips_flwr.errors.ConfigError")
+                                   for line in detail.splitlines())
+
+
 def stop_all(running: Iterable[tuple[PreparedRun, BaseProcess]]) -> None:
     """Stop every running run's process (SIGTERM, then SIGKILL after 10 s); each keeps its staging folder."""
     running = list(running)
@@ -323,6 +344,7 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
     threads = max(1, available_cores() // max(1, min(parallel, len(jobs))))
     running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
     failure: str | None = None
+    halt: str | None = None  # (a run's app-level failure: the running runs are stopped now, not awaited)
     outcome: dict[str, tuple | None] = {}
     watch, stalled = StallWatch(stall_timeout), set()
     kill_at: dict[str, float] = {}  # a stalled run's SIGKILL time, should it ignore SIGTERM
@@ -366,7 +388,15 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
                     elif failure is None:
                         failure = _failure(job, event if event and event[0] == "failed" else None,
                                            process.exitcode)
-                        progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+                        halt = job.name if app_failure(event) else None
+                        if halt is None:
+                            progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+            if halt is not None and running:
+                names = ", ".join(other.name for other, _ in running.values())
+                progress(f"[{halt}] failed, as every run of this app and settings would: stopping the "
+                         f"running runs now, their progress kept ({names})")
+                stop_all(running.values())
+                running.clear()
             for job, process in running.values():
                 if job.name not in stalled and watch.stalled([job.name]):
                     stalled.add(job.name)
@@ -388,13 +418,16 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
 
 def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None, recompute: bool = False,
               progress: Progress = print, flwr_timeout: float = 3600.0,
-              stall_timeout: float | None = None) -> list[Path]:
+              stall_timeout: float | None = None, lock: SweepLock | None = None) -> list[Path]:
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
 
     ``jobs``: runs at once on the batched Grid, each with ``cores // jobs``
     threads; ``None``: :func:`default_jobs` for the runs to do.
     ``stall_timeout``: a batched run that shows no progress for that many
     seconds fails (:mod:`.stall`); ``None``: no limit.
+    ``lock``: the :class:`~.store.SweepLock` of ``out`` that the caller holds
+    already (compare takes it before it checks and tidies its output
+    folder); ``None``: the sweep takes it, and frees it at its end.
     ``ValueError`` before anything runs (an unknown run-config key, a managed
     key overridden, a result file of other settings, two specs of one name,
     another sweep in ``out``); :class:`SweepFailed` when a run failed;
@@ -403,7 +436,9 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     specs = list(specs)
     out = Path(out).resolve()
     _duplicates(specs)
-    with SweepLock(out):
+    if lock is not None and lock.path.parent != out:
+        raise ValueError(f"the lock held, {str(lock.path)!r}, is not the lock of {str(out)!r}")
+    with contextlib.nullcontext() if lock is not None else SweepLock(out):
         prepared = [prepare(spec, out) for spec in specs]
         to_run = plan(prepared, recompute, progress)
         prune_staging(out, {job.name for job in to_run}, log=progress)
@@ -438,5 +473,5 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     return [job.result for job in prepared]
 
 
-__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "available_cores", "claim_staging", "default_jobs",
-           "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]
+__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "available_cores", "claim_staging",
+           "default_jobs", "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]

@@ -390,7 +390,8 @@ def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compare, "run_compare", stopped)
-    code = cli.main(["compare", str(tmp_path), "--seeds", "1", "--num-supernodes", "2", "--out", str(tmp_path / "out")])
+    code = cli.main(["compare", str(tmp_path), "--seeds", "1", "--num-supernodes", "2",
+                     "--out", str(tmp_path / "out")])
     assert code == 130
     assert capsys.readouterr().err.strip() == "lips-flwr compare: stopped; run the same command to continue"
 
@@ -558,3 +559,63 @@ def test_the_python_api_takes_the_node_count_flwr_run_would_use(tmp_path, monkey
     assert {spec.num_nodes for spec in Comparison(app, (1, 2)).specs()} == {2}  # Flower's default
     assert Comparison(app, (1,)).nodes()[1].startswith("Flower's default")
     assert {spec.num_nodes for spec in Comparison(app, (1,), num_nodes=5).specs()} == {5}
+
+
+def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path):
+    """It checked the lowest node's first reply's keys only, and refused what summarize would read."""
+    from lips_flwr.experiments.compare_metric import MetricWatch
+
+    partial = observed([0.5], keys=("loss", "acc", "n"))
+    partial["rounds"]["1"]["evaluate"]["metrics"]["rare"] = 0.25  # (another client's reply has it)
+    (tmp_path / "observed.json").write_text(json.dumps(partial))
+    lines: list[str] = []
+    MetricWatch("rare", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
+    assert lines == ["[a-seed1] round 1/2"]
+    with pytest.raises(ConfigError, match="'nosuch' is in no round"):
+        MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
+
+
+def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anything(tmp_path, capsys):
+    """It removed the running sweep's report, and a result file under --recompute, before the lock refused it."""
+    from lips_flwr.experiments.runner.store import SweepLock
+
+    app = make_app(tmp_path / "app", lips=True, rounds=2)
+    out = tmp_path / "out"
+    _old_style_result(out)  # (--recompute removes it before the sweep)
+    for name in ("summary.json", "report.md"):
+        (out / name).write_text("the running sweep's")
+    kept = sorted(p for p in out.rglob("*"))
+    with SweepLock(out / "runs"):
+        code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine",
+                         "sequential", "--jobs", "1", "--recompute", "--out", str(out)])
+        assert sorted(p for p in out.rglob("*") if p.name != ".sweep.lock") == kept
+    err = capsys.readouterr().err
+    assert code == 1 and "in use by another sweep" in err.strip().splitlines()[-1]
+    assert (out / "report.md").read_text() == "the running sweep's"
+
+
+def test_an_app_without_lips_stops_the_runs_beside_it_at_once_with_two_jobs(tmp_path, capsys):
+    """With --jobs 2, b-seed1 ran to its end (here 30 rounds of 0.4 s) before the user saw the fix."""
+    pytest.importorskip("matplotlib")
+    app = make_app(tmp_path / "app", lips=False, rounds=30)
+    out = tmp_path / "out"
+    code = cli.main(["compare", str(app), "--seeds", "1", "--num-supernodes", "2", "--engine", "sequential",
+                     "--jobs", "2", "--run-config", "sleep=0.2", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1 and "builds no LIPS strategy" in captured.err.strip().splitlines()[-1]
+    assert "[a-seed1] failed, as every run of this app and settings would: stopping the running runs now, " \
+           "their progress kept (b-seed1)" in captured.out
+    assert "[b-seed1] round 30" not in captured.out and not (out / "runs" / "b-seed1.json").exists()
+    assert (out / "runs" / ".staging" / "b-seed1" / "identity.json").exists()  # (kept, to continue)
+
+
+def test_a_failure_every_run_would_meet_is_told_from_a_runs_own():
+    from lips_flwr.experiments.runner.sweep import app_failure
+    from lips_flwr.experiments.runner.worker import NO_LIPS
+
+    config = "Traceback (most recent call last):\n  ...\nlips_flwr.errors.ConfigError: tau0 must be in [0, 1)\n"
+    assert app_failure(("failed", f"RunFailed: {NO_LIPS}", "...", None))
+    assert app_failure(("failed", "ConfigError: tau0 must be in [0, 1)", config, None))
+    assert not app_failure(("failed", "RuntimeError: boom", "...\nRuntimeError: boom\n", "client error"))
+    assert not app_failure(("failed", "ConfigError: x", "...\nmyapp.ConfigError: x\n", None))  # (the app's own)
+    assert not app_failure(None) and not app_failure(("done",))
