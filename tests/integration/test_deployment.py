@@ -497,8 +497,8 @@ def test_readme_deployment_commands_match_the_tests():
     for argv in flwr_commands:  # every `flwr` command names its SuperLink connection
         assert TLS in argv or INSECURE in argv, argv
     assert _config_toml(9093, Path("$D/certs"), TLS) in section
-    for rounds, every in ((2, 2), (1, 1)):  # test_tls_deployment_runs_lips, test_insecure_local_try
-        assert _run_config(rounds, every, Path("$D/results.json")) in section
+    for rounds, every, last in ((2, 2, False), (1, 1, True)):  # test_tls_deployment_runs_lips, _insecure_local_try
+        assert _run_config(rounds, every, Path("$D/results.json"), mask_last_round=last) in section
     # test_server_killed_mid_run_resumes_from_its_checkpoint
     assert _resume_config(Path("$D/results.json"), Path("$D/state/lips.npz")) in section
     assert f'num-partitions=3 {_state_node_config(Path("$D/client-state"))}"' in section
