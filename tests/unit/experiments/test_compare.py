@@ -181,11 +181,11 @@ def test_arm_as_inertia_verdict_follows_the_protocols_rule(tmp_path):
 
 
 def test_arms_are_lips_off_by_default_and_overrides_otherwise(tmp_path):
-    specs = Comparison(tmp_path, (5, 6), run_config={"lr": 0.1}).specs()
+    specs = Comparison(tmp_path, (5, 6), run_config={"lr": 0.1}, num_nodes=2).specs()  # (no app to read)
     assert [s.name for s in specs] == ["a-seed5", "b-seed5", "a-seed6", "b-seed6"]
     assert [s.lips_off for s in specs] == [True, False, True, False]
     assert all(s.overrides == {"lr": 0.1} and s.require_evaluate for s in specs)
-    custom = Comparison(tmp_path, (5,), a={"tau0": 0.0}, b={"tau0": 0.7}).specs()
+    custom = Comparison(tmp_path, (5,), a={"tau0": 0.0}, b={"tau0": 0.7}, num_nodes=2).specs()
     assert [(s.lips_off, dict(s.overrides)) for s in custom] == [(False, {"tau0": 0.0}),
                                                                  (False, {"tau0": 0.7})]
     with pytest.raises(ValueError, match="engine auto, sequential or stacked"):
@@ -384,6 +384,7 @@ def test_recompute_gets_past_a_damaged_or_old_style_result_file(tmp_path, capsys
 
 
 def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")  # (without it the CLI stops at once, exit 2, naming the extra)
     from lips_flwr.experiments import compare
 
     def stopped(*args, **kwargs):
@@ -577,6 +578,7 @@ def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path)
 
 def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anything(tmp_path, capsys):
     """It removed the running sweep's report, and a result file under --recompute, before the lock refused it."""
+    pytest.importorskip("matplotlib")  # (without it the CLI stops at once, exit 2, naming the extra)
     from lips_flwr.experiments.runner.store import SweepLock
 
     app = make_app(tmp_path / "app", lips=True, rounds=2)

@@ -241,6 +241,11 @@ def test_rounds_match_the_recorded_outputs(case, tmp_path, monkeypatch):
         # Flower's legacy FedAvg sums in another precision under numpy 1.x (no NEP 50):
         # its aggregate differs in the last bits from the one these digests were recorded on.
         pytest.skip("digests recorded with numpy 2; the legacy aggregate's last bits differ on numpy 1.x")
+    if case == "message-fedadam-checkpoint" and np.lib.NumpyVersion(np.__version__) < "2.0.0":
+        # Recorded on numpy 2 (db2a492, before the codec); on numpy 1.26 the code of that very commit
+        # gives other digests from round 1 (Flower's Message FedAdam promotes its float64 step
+        # otherwise without NEP 50), so this is numpy's difference, not the codec's.
+        pytest.skip("digests recorded with numpy 2; Message FedAdam's last bits differ on numpy 1.x")
     monkeypatch.setattr(legacy_fedadam_module, "np", _cpu_independent_numpy())
     monkeypatch.setattr(message_fedadam_module, "np", _cpu_independent_numpy())
     got = json.loads(json.dumps(CASES[case](tmp_path / "ckpt.npz")))
