@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,17 +71,27 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read {str(path)!r}: {err}") from err
 
 
+def _default_entry_count(table: Any, where: Callable[[str], str]) -> NodeCount | None:
+    """``options.num-supernodes`` of the entry that ``table["default"]`` names, if it sets one.
+
+    Both places flwr reads a node count from have this shape (the app's
+    ``[tool.flwr.federations]``, the config's ``[superlink]``); ``where(name)``
+    says which, for the count's source and its error.
+    """
+    name = table.get("default") if isinstance(table, dict) else None
+    entry = table.get(name) if isinstance(name, str) else None
+    options = entry.get("options") if isinstance(entry, dict) else None
+    if not isinstance(options, dict) or "num-supernodes" not in options:
+        return None
+    return NodeCount(_count(options["num-supernodes"], where(str(name))), where(str(name)))
+
+
 def app_federation(folder: Path) -> NodeCount | None:
     """The node count of the app's default ``[tool.flwr.federations]`` entry, if it sets one."""
     toml = folder / "pyproject.toml"
     federations = _read_toml(toml).get("tool", {}).get("flwr", {}).get("federations", {})
-    name = federations.get("default") if isinstance(federations, dict) else None
-    entry = federations.get(name) if isinstance(name, str) else None
-    options = entry.get("options") if isinstance(entry, dict) else None
-    if not isinstance(options, dict) or "num-supernodes" not in options:
-        return None
-    where = f"the app's [tool.flwr.federations.{name}] ({toml})"
-    return NodeCount(_count(options["num-supernodes"], where), where)
+    return _default_entry_count(federations,
+                                lambda name: f"the app's [tool.flwr.federations.{name}] ({toml})")
 
 
 def user_federation(config: Path) -> NodeCount | None:
@@ -88,13 +99,7 @@ def user_federation(config: Path) -> NodeCount | None:
     if not config.is_file():
         return None
     superlink = _read_toml(config).get("superlink", {})
-    name = superlink.get("default") if isinstance(superlink, dict) else None
-    entry = superlink.get(name) if isinstance(name, str) else None
-    options = entry.get("options") if isinstance(entry, dict) else None
-    if not isinstance(options, dict) or "num-supernodes" not in options:
-        return None
-    where = f"your Flower config's [superlink.{name}] ({config})"
-    return NodeCount(_count(options["num-supernodes"], where), where)
+    return _default_entry_count(superlink, lambda name: f"your Flower config's [superlink.{name}] ({config})")
 
 
 def node_count(app: str | Path, given: int | None = None, federation: dict[str, Any] | None = None,
