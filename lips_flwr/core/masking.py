@@ -130,6 +130,15 @@ def _zeroed_copy(weights: np.ndarray, zero: np.ndarray) -> np.ndarray:
     return out.view(weights.dtype).reshape(weights.shape)
 
 
+def zero_where(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """A copy of ``weights`` with zero where ``mask`` (its shape, or flat) is set.
+
+    The same array as ``np.where(mask, np.zeros_like(weights), weights)``, bit
+    for bit, without its boolean-indexed write (see :func:`_zeroed_copy`).
+    """
+    return _zeroed_copy(weights, np.asarray(mask, dtype=bool).reshape(-1))
+
+
 def mask_lowest(weights: np.ndarray, scores: np.ndarray, tau: float) -> tuple[np.ndarray, int]:
     """``weights`` with its ``ceil(n * tau)`` lowest-score entries zeroed, and that count.
 
@@ -216,5 +225,5 @@ def mask_layers(
 
 __all__ = [
     "kth_smallest", "lowest_indices", "lowest_mask", "mask_layers", "mask_lowest",
-    "model_update", "num_zeros",
+    "model_update", "num_zeros", "zero_where",
 ]

@@ -127,10 +127,11 @@ class LIPSAdapter(ABC):
         if outcome.model is not None:  # masked: the wrapped strategies' caches get the same zeros
             assert views is not None  # a masked model comes from an aggregate
             codec = self._lips_codec
-            sync_cached_models(self, before, outcome.masks, codec)
             # Only the masked layers are serialized anew; every other array is the aggregate's own.
-            aggregate = codec.from_arrays(codec.model_kind, outcome.model, like=aggregate,
-                                          changed={n for n, a in outcome.model.items() if a is not views[n]})
+            masked = codec.from_arrays(codec.model_kind, outcome.model, like=aggregate,
+                                       changed={n for n, a in outcome.model.items() if a is not views[n]})
+            sync_cached_models(self, before, outcome.masks, codec, aggregate, masked)
+            aggregate = masked
         log_round(server_round, outcome, self.core, inner_name(chain), replies, kept)
         self._checkpoint_round(server_round, aggregate, outcome.metrics)
         return RoundResult(aggregate, aggregated.metrics, outcome.metrics)

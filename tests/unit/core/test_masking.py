@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lips_flwr.core.masking import (
-    kth_smallest, lowest_indices, mask_layers, mask_lowest, model_update, num_zeros,
+    kth_smallest, lowest_indices, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
 )
 from lips_flwr.core.schedule import MaskSchedule
 
@@ -525,3 +525,19 @@ def test_lowest_indices_large_match_stable_argsort(name):
     for k in (1, flat.size // 7, flat.size // 2):
         expected = np.sort(np.argsort(flat, kind="stable")[:k])  # NaN sorts last
         np.testing.assert_array_equal(lowest_indices(flat, k), expected)
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, np.int8, np.int64, np.complex128, bool])
+def test_zero_where_is_np_where_bit_for_bit(dtype):
+    rng = np.random.default_rng(5)
+    weights = (rng.normal(size=(6, 7)) * 50).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        weights.reshape(-1)[:4] = [np.nan, -0.0, np.inf, -np.inf]
+    mask = rng.random((6, 7)) < 0.4
+    expected = np.where(mask, np.zeros_like(weights), weights)
+    for given in (mask, mask.reshape(-1)):
+        out = zero_where(weights, given)
+        assert out.dtype == weights.dtype and out.shape == weights.shape
+        assert out.tobytes() == expected.tobytes()
+    assert zero_where(weights[:, ::2], mask[:, ::2]).tobytes() == np.where(
+        mask[:, ::2], 0, weights[:, ::2]).astype(dtype).tobytes()

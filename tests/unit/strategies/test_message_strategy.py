@@ -182,11 +182,19 @@ class MomentumKeeper(FedAvgM):
 
 def test_the_cache_sync_serializes_only_the_masked_layers():
     """Issue 36: FedAvgM's cached model keeps its own Arrays for every layer the mask leaves alone
-    (before, the whole record was copied and serialized again)."""
+    (before, the whole record was copied and serialized again), and the masked layers are the
+    broadcast model's own: FedAvgM caches the record it returns, so its cache becomes the masked
+    model LIPS broadcasts (serialized once, as unwrapped FedAvgM's cache is the model it sends)."""
     inner = MomentumKeeper(server_momentum=0.9)
-    metrics = run_rounds(LIPS(inner, num_rounds=NUM_ROUNDS), num_rounds=1)[0][2]
+    strategy = LIPS(inner, num_rounds=NUM_ROUNDS)
+    model = tiny_model()
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    replies = [reply(m, n, node_id=i + 1)
+               for i, (m, n) in enumerate(zip(client_models(model, len(EXAMPLES), seed=1), EXAMPLES))]
+    broadcast, metrics = strategy.aggregate_train(1, replies)
     masked = {name for name in inner.returned if metrics.get(f"lips-zeros/{name}")}
     assert masked and inner.current_arrays is not inner.returned
+    assert inner.current_arrays is broadcast
     for name, array in inner.current_arrays.items():  # (an ArrayRecord wraps its Arrays anew, bytes kept)
         assert (array.data is inner.returned[name].data) == (name not in masked), name
 
