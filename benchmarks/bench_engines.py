@@ -181,10 +181,10 @@ def child_batched(spec: dict) -> dict:
 
     deliver = batched_grid.BatchedGrid._deliver
 
-    def timed_deliver(self):
+    def timed_deliver(self, *args, **kwargs):  # the Grid's own signature, whatever it is
         start = time.perf_counter()
         had = bool(self._pending)
-        deliver(self)
+        deliver(self, *args, **kwargs)
         if had:
             events["deliver"].append(("clients", start, time.perf_counter() - start))
 
