@@ -192,7 +192,8 @@ def train(msg: Message, context: Context) -> Message:
         finally:
             for hook in hooks:
                 hook.remove()
-        metrics = {"train-loss": loss, "num-examples": int(train_set[1].shape[0])}
+        # partition-id: the ServerApp orders the replies by it (server_app.stable_order).
+        metrics = {"train-loss": loss, "num-examples": int(train_set[1].shape[0]), "partition-id": pid}
         if msg.content["config"].get("eval-before", True):  # the ServerApp asks only where it records it
             metrics.update(accuracies(net, val, test, "before"))
         # Serialized (copied) here, before the model goes back for another call.
@@ -203,7 +204,8 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    with setup(msg, context) as (_, _, net, (_, val, test)):
-        metrics = {**accuracies(net, val, test, "after"), "num-examples": int(test[1].shape[0])}
+    with setup(msg, context) as (_, pid, net, (_, val, test)):
+        metrics = {**accuracies(net, val, test, "after"), "num-examples": int(test[1].shape[0]),
+                   "partition-id": pid}
     release(test[0].device.type)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

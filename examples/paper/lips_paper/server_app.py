@@ -1,9 +1,10 @@
 """ServerApp: FedAvg (or FedBN, with the clients' fedbn_mod) wrapped by LIPS, recorded per round.
 
-The same seed gives the same numbers: replies are aggregated in an order
-fixed by their content (a simulation draws new node ids in every run, and
-replies arrive in any order; float sums depend on the order), and the
-client-mean metrics are exactly rounded sums (``math.fsum``).
+The same seed gives the same numbers: replies are aggregated in the order of
+the clients' partition ids, which every reply carries in its metrics (a
+simulation draws new node ids in every run, and replies arrive in any order;
+float sums depend on the order), and the client-mean metrics are exactly
+rounded sums (``math.fsum``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from lips_paper.algorithms import algorithm
 
 app = ServerApp()
 
+# The client's partition id, in every reply's MetricRecord: the key replies are ordered by. It
+# is not a metric: the client-mean leaves it out.
+PARTITION_KEY = "partition-id"
+
 
 def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
     """Mean over clients, unweighted (the paper's client-mean accuracy); the weight key summed.
@@ -44,7 +49,7 @@ def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecor
     for record in records:
         for metrics in record.metric_records.values():
             for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != PARTITION_KEY:
                     values[key].append(float(value))
     return MetricRecord({
         key: int(math.fsum(v)) if key == weighted_by_key else math.fsum(v) / len(v)
@@ -52,10 +57,19 @@ def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecor
     })
 
 
-def content_key(msg: Message) -> tuple[int, bytes]:
-    """A reply's place in :func:`stable_order`: a digest of everything it carries (errors last)."""
+def content_key(msg: Message) -> tuple[int, int, bytes]:
+    """A reply's place in :func:`stable_order`: its client's partition id; errors last.
+
+    A reply without a partition id (a client of another app) goes after those
+    with one, by a digest of everything it carries: that order is stable too,
+    but hashes every byte (about 5 MB a reply at the paper's scale).
+    """
     if msg.has_error():
-        return (1, b"")
+        return (2, 0, b"")
+    for metrics in msg.content.metric_records.values():
+        value = metrics.get(PARTITION_KEY)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (0, value, b"")
     digest = hashlib.blake2b(digest_size=16)
     for name, record in sorted(msg.content.items(), key=lambda item: item[0]):
         digest.update(f"{name}\0{type(record).__name__}\0".encode())
@@ -65,11 +79,11 @@ def content_key(msg: Message) -> tuple[int, bytes]:
                 digest.update(array.data)
         else:
             digest.update(repr(sorted(record.items(), key=lambda item: item[0])).encode())
-    return (0, digest.digest())
+    return (1, 0, digest.digest())
 
 
 def stable_order(replies: Iterable[Message]) -> list[Message]:
-    """Replies in an order fixed by their content, not by node ids or arrival.
+    """Replies in an order fixed by their clients, not by node ids or arrival.
 
     Node ids are drawn anew in every simulation run, so an order by node id
     still changes from run to run; the same clients' replies always sort alike.

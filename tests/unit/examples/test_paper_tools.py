@@ -8,6 +8,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from unittest.mock import Mock
 
 import numpy as np
 import pytest
@@ -161,8 +162,37 @@ def test_client_mean_metrics_do_not_depend_on_the_replies_order():
     assert uniform_mean(records, "num-examples")["num-examples"] == 70
 
 
+def test_client_mean_leaves_the_partition_id_out():
+    from flwr.app import MetricRecord, RecordDict
+
+    uniform_mean = paper_module("server_app").uniform_mean
+    records = [RecordDict({"metrics": MetricRecord({"acc": a, "num-examples": 10, "partition-id": i})})
+               for i, a in enumerate([0.5, 0.7])]
+    assert dict(uniform_mean(records, "num-examples")) == {"acc": 0.6, "num-examples": 20}
+
+
+def test_replies_are_ordered_by_partition_id_without_a_digest(task_identity, monkeypatch):  # noqa: F811
+    """Issue 39: the order came from a blake2b digest of every byte of every reply (4.9 s in 4 rounds
+    of 100 ResNet8 clients on the H200); the partition id in the metrics orders them now."""
+    from flower_fakes import message_reply, tiny_model
+
+    server_app = paper_module("server_app")
+    replies = [message_reply(tiny_model(i), node_id=100 - i, **{"partition-id": pid})
+               for i, pid in enumerate([3, 0, 2, 1])]
+    error = Mock()
+    error.has_error.return_value = True
+    with monkeypatch.context() as patch:  # no digest of the replies' bytes is made
+        patch.setattr(server_app.hashlib, "blake2b", Mock(side_effect=AssertionError("digest made")))
+        ordered = server_app.stable_order([error, *replies])
+    assert [m.content["metrics"]["partition-id"] for m in ordered[:4]] == [0, 1, 2, 3]
+    assert ordered[4] is error
+    # A reply without a partition id (another app's client) goes after them, by its content.
+    plain = [message_reply(tiny_model(i), node_id=i) for i in range(3)]
+    assert server_app.stable_order([plain[2], plain[0], plain[1]]) == server_app.stable_order(plain)
+
+
 def test_the_global_model_does_not_depend_on_the_replies_order(task_identity):  # noqa: F811
-    from flower_fakes import reply, tiny_model
+    from flower_fakes import message_reply, reply, tiny_model
 
     server_app = paper_module("server_app")
     rng = np.random.default_rng(0)
@@ -174,15 +204,20 @@ def test_the_global_model_does_not_depend_on_the_replies_order(task_identity):  
         order = np.random.default_rng(trial).permutation(8)
         # new random node ids each "run": what the LIPS wrapper's node-id order would give
         ids = np.random.default_rng(100 + trial).permutation(8)
-        replies = [reply(models[i], sizes[i], node_id=int(ids[i])) for i in order]
-        replies.sort(key=lambda m: m.metadata.src_node_id)
-        for strategy in (server_app.StableFedAvg(), server_app.FreezeMiddleFedAvg(freeze_after=5)):
-            arrays, _ = strategy.aggregate_train(1, replies)
-            got = {k: v.numpy() for k, v in arrays.items()}
-            if first is None:
-                first = got
-            for name in first:
-                assert got[name].tobytes() == first[name].tobytes(), (trial, name)
+        # The paper ClientApp's replies (with their partition id), and replies of other clients.
+        for with_id in (True, False):
+            replies = [message_reply(models[i], int(ids[i]), sizes[i], **{"partition-id": int(i)})
+                       if with_id else reply(models[i], sizes[i], node_id=int(ids[i])) for i in order]
+            replies.sort(key=lambda m: m.metadata.src_node_id)
+            for strategy in (server_app.StableFedAvg(), server_app.FreezeMiddleFedAvg(freeze_after=5)):
+                arrays, _ = strategy.aggregate_train(1, replies)
+                got = {k: v.numpy() for k, v in arrays.items()}
+                first = first or {}
+                key = (with_id, type(strategy).__name__)
+                if key not in first:
+                    first[key] = got
+                for name in got:
+                    assert got[name].tobytes() == first[key][name].tobytes(), (trial, key, name)
 
 
 def _dropout_client():
