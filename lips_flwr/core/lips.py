@@ -296,7 +296,7 @@ class LIPSCore:
             if problem is None:
                 masked, zeros = mask_layers(
                     aggregate, layers, tau, score=self.score, updates=updates,
-                    seed=self.seed, salt=(server_round,),
+                    seed=self.seed, salt=(server_round,), reuse_updates=True,  # (dw is read no more)
                 )
                 outcome.model = masked
                 outcome.masks = {n: masked[n] == 0 for n in masked if masked[n] is not aggregate[n]}

@@ -42,6 +42,19 @@ _SAMPLED_SELECTION_MIN = 1 << 14  # below this size np.partition alone is as fas
 _SAMPLE_SIZE = 1 << 14  # at most; at least every 16th entry
 
 
+def _bracket(flat: np.ndarray, kth: int):
+    """``(lo, hi)``: a strided sample's values about ``2 sqrt(m)`` sample ranks below and above
+    the ``kth`` smallest entry's (:func:`kth_smallest`). The two ranks are found by
+    ``np.partition`` (NaN last, as in a sort): a sort of the sample cost more than the rest."""
+    n = flat.size
+    sample = flat[:: max(n // _SAMPLE_SIZE, 16)]
+    m = sample.size
+    at, margin = kth * m // n, 2 * math.isqrt(m) + 2
+    ranks = (max(at - margin, 0), min(at + margin, m - 1))
+    sample = np.partition(sample, ranks)
+    return sample[ranks[0]], sample[ranks[1]]
+
+
 def kth_smallest(flat: np.ndarray, kth: int):
     """``np.partition(flat, kth)[kth]`` (0-based, NaN last), usually without partitioning ``flat``.
 
@@ -58,10 +71,7 @@ def kth_smallest(flat: np.ndarray, kth: int):
     n = flat.size
     if n < _SAMPLED_SELECTION_MIN:
         return np.partition(flat, kth)[kth]
-    sample = np.sort(flat[:: max(n // _SAMPLE_SIZE, 16)])
-    m = sample.size
-    at, margin = kth * m // n, 2 * math.isqrt(m) + 2
-    lo, hi = sample[max(at - margin, 0)], sample[min(at + margin, m - 1)]
+    lo, hi = _bracket(flat, kth)
     below = int(np.count_nonzero(flat < lo))
     if below <= kth:
         inside = flat[(flat >= lo) & (flat <= hi)]  # NaN at lo or hi: empty
@@ -71,12 +81,46 @@ def kth_smallest(flat: np.ndarray, kth: int):
     return np.partition(flat, kth)[kth]
 
 
+def _bracketed_lowest(flat: np.ndarray, k: int) -> np.ndarray | None:
+    """:func:`lowest_mask` of a large ``flat`` (``0 < k < n``) through :func:`_bracket`; ``None``
+    where the bracket misses (then the caller partitions everything).
+
+    The mask starts as the entries below ``lo``; the threshold and the
+    entries below it and the ties are then found among the ~3% within
+    ``[lo, hi]`` only. Every entry below the threshold is below ``lo`` or
+    within the bracket, and so is every tie, so the mask is the one of
+    :func:`lowest_mask`'s plain path, bit for bit, with two passes over
+    ``flat`` fewer: the same work on float64 scores (FedAdam's aggregate)
+    costs about twice that on float32.
+    """
+    lo, hi = _bracket(flat, k - 1)
+    if np.isnan(lo) or np.isnan(hi):
+        return None
+    chosen = flat < lo
+    below = int(np.count_nonzero(chosen))
+    if below > k - 1:
+        return None
+    within = np.flatnonzero(np.logical_xor(flat <= hi, chosen))  # lo <= x <= hi, ascending positions
+    rank = k - 1 - below
+    if rank >= within.size:
+        return None
+    values = flat[within]
+    threshold = np.partition(values, rank)[rank]
+    lower = values < threshold
+    chosen[within[lower]] = True
+    need = k - below - int(np.count_nonzero(lower))
+    if need > 0:  # ties at the threshold: the lowest positions (all of them lie within the bracket)
+        chosen[within[values == threshold][:need]] = True
+    return chosen
+
+
 def lowest_mask(scores: np.ndarray, k: int) -> np.ndarray:
     """Flat boolean mask of the ``k`` lowest entries of ``scores``.
 
     Ties at the threshold go to the lowest positions; NaN scores rank highest.
-    :func:`kth_smallest` finds the threshold, then two comparisons mark the
-    entries below it and the first ties: O(n), no sort of indices.
+    ``np.partition`` finds the threshold, then two comparisons mark the
+    entries below it and the first ties: O(n), no sort of indices. A large
+    array does both within :func:`kth_smallest`'s bracket (:func:`_bracketed_lowest`).
     """
     flat = scores.reshape(-1)
     n = flat.size
@@ -84,7 +128,11 @@ def lowest_mask(scores: np.ndarray, k: int) -> np.ndarray:
         return np.zeros(n, dtype=bool)
     if k >= n:
         return np.ones(n, dtype=bool)
-    threshold = kth_smallest(flat, k - 1)
+    if n >= _SAMPLED_SELECTION_MIN:
+        found = _bracketed_lowest(flat, k)
+        if found is not None:
+            return found
+    threshold = np.partition(flat, k - 1)[k - 1]  # small, or the bracket missed: partition it all
     if np.isnan(threshold):  # fewer than k finite scores: all of them, then NaNs
         chosen = ~np.isnan(flat)
         ties = np.isnan(flat)
@@ -175,6 +223,7 @@ def mask_layers(
     updates: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
     salt: Sequence[int] = (),
+    reuse_updates: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Zero the lowest-scoring ``tau`` fraction of each tensor in ``layers``.
 
@@ -195,6 +244,9 @@ def mask_layers(
     seed, salt : int, sequence of int
         Seed the random score: layer ``i`` uses ``default_rng([seed, *salt, i])``,
         so a round (salt) always gets the same mask, whatever else ran before.
+    reuse_updates : bool (default: False)
+        ``updates`` are the caller's temporaries: a score may be written into them
+        (the same mask, one array per layer fewer).
 
     Returns
     -------
@@ -217,7 +269,7 @@ def mask_layers(
             )
         update = None if updates is None else updates.get(name)
         rng = np.random.default_rng([seed, *salt, index]) if needs_rng(score) else None
-        scores = compute_score(score, weights, update, rng)
+        scores = compute_score(score, weights, update, rng, reuse_update=reuse_updates)
         out[name], zeros[name] = mask_lowest(weights, scores, tau)
     return out, zeros
 

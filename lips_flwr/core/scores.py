@@ -24,16 +24,20 @@ def _as_score_dtype(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def sensitivity_score(weights: np.ndarray, update: np.ndarray) -> np.ndarray:
+def sensitivity_score(weights: np.ndarray, update: np.ndarray, *, reuse_update: bool = False) -> np.ndarray:
     """``|update * weights|``: first-order estimate of the loss change of zeroing ``w``.
 
-    The update ``dw`` stands in for the gradient.
+    The update ``dw`` stands in for the gradient. With ``reuse_update`` the
+    scores are written into ``update`` when it has their dtype (the caller's
+    own temporary, read no more): the same numbers, one array fewer.
     """
     if update.shape != weights.shape:
         raise ValueError(
             f"update shape {update.shape} does not match weights shape {weights.shape}"
         )
-    product = _as_score_dtype(update) * _as_score_dtype(weights)
+    update, weights = _as_score_dtype(update), _as_score_dtype(weights)
+    into = reuse_update and update.flags.writeable and update.dtype == np.result_type(update, weights)
+    product = np.multiply(update, weights, out=update if into else None)
     return np.abs(product, out=product)  # in place: one temporary less
 
 
@@ -79,13 +83,16 @@ def compute_score(
     weights: np.ndarray,
     update: np.ndarray | None = None,
     rng: np.random.Generator | None = None,
+    *,
+    reuse_update: bool = False,
 ) -> np.ndarray:
-    """The scores of ``weights`` by the score named ``score`` (one of :data:`SCORES`)."""
+    """The scores of ``weights`` by the score named ``score`` (one of :data:`SCORES`); with
+    ``reuse_update``, a score that takes the update may write its scores into it."""
     function, takes = SCORE_INPUTS[validate_score(score)]
     if takes == "update":
         if update is None:
             raise ValueError(f"the {score!r} score needs the update `dw`")
-        return function(weights, update)
+        return function(weights, update, reuse_update=reuse_update)
     if takes == "rng":
         if rng is None:
             raise ValueError(f"the {score!r} score needs a numpy Generator `rng`")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lips_flwr.core.masking import (
-    kth_smallest, lowest_indices, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
+    kth_smallest, lowest_indices, lowest_mask, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
 )
 from lips_flwr.core.schedule import MaskSchedule
 
@@ -525,6 +525,29 @@ def test_lowest_indices_large_match_stable_argsort(name):
     for k in (1, flat.size // 7, flat.size // 2):
         expected = np.sort(np.argsort(flat, kind="stable")[:k])  # NaN sorts last
         np.testing.assert_array_equal(lowest_indices(flat, k), expected)
+
+
+def _plain_lowest_mask(flat, k):
+    """lowest_mask's definition, written out: the k-th smallest by a full partition, the entries
+    below it, then the ties at the lowest positions (NaN last)."""
+    threshold = np.partition(flat, k - 1)[k - 1]
+    if np.isnan(threshold):
+        chosen, ties = ~np.isnan(flat), np.isnan(flat)
+    else:
+        chosen, ties = flat < threshold, flat == threshold
+    chosen[np.flatnonzero(ties)[: k - int(np.count_nonzero(chosen))]] = True
+    return chosen
+
+
+@pytest.mark.parametrize("name", list(_large_score_arrays()))
+def test_lowest_mask_within_the_bracket_is_the_plain_mask(name):
+    """The large-array path (issue 36: two passes fewer) gives the plain path's mask, bit for bit."""
+    flat = _large_score_arrays()[name]
+    n = flat.size
+    for k in (1, 2, n // 100, n // 10, n // 3, n // 2, n // 2 + 1, n - 100, n - 1):
+        got = lowest_mask(flat, k)
+        assert got.dtype == bool and int(np.count_nonzero(got)) == k, (name, k)
+        np.testing.assert_array_equal(got, _plain_lowest_mask(flat, k), err_msg=f"{name} k={k}")
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, np.int8, np.int64, np.complex128, bool])

@@ -116,3 +116,20 @@ def test_each_score_declares_what_it_needs():
     assert [name for name in SCORES if needs_rng(name)] == ["random"]
     with pytest.raises(ValueError, match="score"):
         needs_update("taylor")
+
+
+def test_sensitivity_score_can_reuse_the_update_array():
+    rng = np.random.default_rng(0)
+    weights, update = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
+    expected = np.abs(update * weights)
+    own = update.copy()
+    got = sensitivity_score(weights, own, reuse_update=True)
+    assert got is own and got.tobytes() == expected.tobytes()
+    # Not into an update it may not write, or of another dtype than the scores'
+    read_only = update.copy()
+    read_only.flags.writeable = False
+    assert sensitivity_score(weights, read_only, reuse_update=True) is not read_only
+    narrow = update.astype(np.float32)
+    got = sensitivity_score(weights, narrow, reuse_update=True)
+    assert got is not narrow and got.dtype == np.float64
+    assert sensitivity_score(weights, update.copy()).tobytes() == expected.tobytes()
