@@ -58,9 +58,9 @@ def _bracket(flat: np.ndarray, kth: int):
 def kth_smallest(flat: np.ndarray, kth: int):
     """``np.partition(flat, kth)[kth]`` (0-based, NaN last), usually without partitioning ``flat``.
 
-    For large arrays, a sorted strided sample of ``m`` entries brackets the
-    answer: ``lo`` and ``hi`` are ``2 sqrt(m)`` sample ranks (at least four
-    standard deviations of the sample quantile) below and above it. With
+    For large arrays, a strided sample of ``m`` entries brackets the answer:
+    ``lo`` and ``hi`` are the sample's values ``2 sqrt(m)`` ranks (at least
+    four standard deviations of the sample quantile) below and above it. With
     ``L`` entries below ``lo``, the answer is the ``(kth - L)``-th smallest of
     the entries within ``[lo, hi]`` (~3% of the array), which are partitioned
     instead, whenever ``L <= kth < L + count``; otherwise (an unlucky sample,

@@ -19,6 +19,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("torch")
+pytestmark = pytest.mark.integration
 
 
 def test_bench_engines_gpu_quick_runs_on_cpu(tmp_path):

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from logging import WARNING
 from pathlib import Path
@@ -57,19 +57,17 @@ def uniform_mean(records: list[RecordDict], weighted_by_key: str) -> MetricRecor
     })
 
 
-def content_key(msg: Message) -> tuple[int, int, bytes]:
-    """A reply's place in :func:`stable_order`: its client's partition id; errors last.
-
-    A reply without a partition id (a client of another app) goes after those
-    with one, by a digest of everything it carries: that order is stable too,
-    but hashes every byte (about 5 MB a reply at the paper's scale).
-    """
-    if msg.has_error():
-        return (2, 0, b"")
+def partition_id(msg: Message) -> int | None:
+    """The client's partition id a reply carries in its metrics; ``None`` without one."""
     for metrics in msg.content.metric_records.values():
         value = metrics.get(PARTITION_KEY)
         if isinstance(value, int) and not isinstance(value, bool):
-            return (0, value, b"")
+            return value
+    return None
+
+
+def content_digest(msg: Message) -> bytes:
+    """A digest of everything a reply carries: it reads every byte (about 5 MB a reply at the paper's scale)."""
     digest = hashlib.blake2b(digest_size=16)
     for name, record in sorted(msg.content.items(), key=lambda item: item[0]):
         digest.update(f"{name}\0{type(record).__name__}\0".encode())
@@ -79,16 +77,31 @@ def content_key(msg: Message) -> tuple[int, int, bytes]:
                 digest.update(array.data)
         else:
             digest.update(repr(sorted(record.items(), key=lambda item: item[0])).encode())
-    return (1, 0, digest.digest())
+    return digest.digest()
 
 
 def stable_order(replies: Iterable[Message]) -> list[Message]:
     """Replies in an order fixed by their clients, not by node ids or arrival.
 
     Node ids are drawn anew in every simulation run, so an order by node id
-    still changes from run to run; the same clients' replies always sort alike.
+    still changes from run to run. Replies go by their client's partition id
+    (:func:`partition_id`), errors last. Replies without one (clients of
+    another app), and replies that share one (SuperNodes given the same
+    partition), go by :func:`content_digest`: stable too, but it reads every byte.
     """
-    return sorted(replies, key=content_key)
+    replies = list(replies)
+    ids = [None if msg.has_error() else partition_id(msg) for msg in replies]
+    shared = {pid for pid, count in Counter(ids).items() if pid is not None and count > 1}
+
+    def key(item: tuple[Message, int | None]) -> tuple[int, int, bytes]:
+        msg, pid = item
+        if msg.has_error():
+            return (2, 0, b"")
+        if pid is None:
+            return (1, 0, content_digest(msg))
+        return (0, pid, content_digest(msg) if pid in shared else b"")
+
+    return [msg for msg, _ in sorted(zip(replies, ids), key=key)]
 
 
 class StableFedAvg(FedAvg):

@@ -12,7 +12,9 @@ aggregation gets the mask's zeros, at every level of the chain.
 A cache that is the very aggregate LIPS masked (Message ``FedAvgM`` keeps the
 record it returns) becomes the masked model itself, as the cache of an
 unwrapped ``FedAvgM`` is the model it broadcasts: the same zeros, serialized
-once.
+once. (Only where the two list their arrays in one order: FedAvgM pairs its
+cache with the next aggregate by position. A ``-0.0`` the mask did not pick
+stays ``-0.0`` there, as in the broadcast model; zeroing writes ``+0.0``.)
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def sync_cached_models(strategy: Any, before: dict[tuple[int, str], int], masks:
             value = _own(inner, attribute)
             if value is None or before.get((id(inner), attribute)) == id(value):
                 continue
-            if aggregate is not None and value is aggregate:
+            if aggregate is not None and value is aggregate and list(masked) == list(aggregate):
                 setattr(inner, attribute, masked)
                 synced.append(f"{type(inner).__name__}.{attribute}")
                 continue

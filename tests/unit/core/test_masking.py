@@ -11,6 +11,7 @@ import pytest
 from lips_flwr.core.masking import (
     kth_smallest, lowest_indices, lowest_mask, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
 )
+from lips_flwr.core.masking import _bracketed_lowest
 from lips_flwr.core.schedule import MaskSchedule
 
 FLOATS = [np.float16, np.float32, np.float64]
@@ -548,6 +549,8 @@ def test_lowest_mask_within_the_bracket_is_the_plain_mask(name):
         got = lowest_mask(flat, k)
         assert got.dtype == bool and int(np.count_nonzero(got)) == k, (name, k)
         np.testing.assert_array_equal(got, _plain_lowest_mask(flat, k), err_msg=f"{name} k={k}")
+    if name != "mostly nan":  # (its sample's ranks are NaN: the plain path)
+        assert _bracketed_lowest(flat, n // 3) is not None, name  # the bracket path is the one tested
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, np.int8, np.int64, np.complex128, bool])

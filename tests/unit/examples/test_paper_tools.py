@@ -189,6 +189,12 @@ def test_replies_are_ordered_by_partition_id_without_a_digest(task_identity, mon
     # A reply without a partition id (another app's client) goes after them, by its content.
     plain = [message_reply(tiny_model(i), node_id=i) for i in range(3)]
     assert server_app.stable_order([plain[2], plain[0], plain[1]]) == server_app.stable_order(plain)
+    # Two replies with one partition id (misconfigured SuperNodes) go by their content too, not by arrival.
+    twins = [message_reply(tiny_model(i), node_id=i, **{"partition-id": 7}) for i in range(3)]
+    first = server_app.stable_order([*twins, replies[1]])
+    assert first[0] is replies[1]
+    for order in ([2, 0, 1], [1, 2, 0]):
+        assert server_app.stable_order([replies[1], *(twins[i] for i in order)]) == first
 
 
 def test_the_global_model_does_not_depend_on_the_replies_order(task_identity):  # noqa: F811

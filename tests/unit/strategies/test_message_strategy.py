@@ -199,6 +199,44 @@ def test_the_cache_sync_serializes_only_the_masked_layers():
         assert (array.data is inner.returned[name].data) == (name not in masked), name
 
 
+class KeepsItsAggregate(FedAvg):
+    """A strategy that caches the very record it returns (as Message FedAvgM does), declared."""
+
+    lips_cached_model = ("kept",)
+
+    def aggregate_train(self, server_round, replies):
+        self.kept, metrics = super().aggregate_train(server_round, replies)
+        self.returned = self.kept
+        return self.kept, metrics
+
+
+def test_a_cached_aggregate_in_another_order_than_the_model_is_zeroed_in_its_own():
+    """A cache is paired with the next aggregate by position (FedAvgM does), so a cache that is the
+    aggregate (in the first reply's order) becomes the masked model (in the global model's order)
+    only when the two orders agree; otherwise it keeps its order and gets the zeros."""
+    inner = KeepsItsAggregate()
+    strategy = LIPS(inner, num_rounds=NUM_ROUNDS)
+    model = tiny_model()
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    permuted = [dict(reversed(list(m.items()))) for m in client_models(model, len(EXAMPLES), seed=1)]
+    replies = [reply(m, n, node_id=i + 1) for i, (m, n) in enumerate(zip(permuted, EXAMPLES))]
+    broadcast, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["lips-zeros"] > 0
+    assert list(inner.returned) == list(reversed(list(model))) and list(broadcast) == list(model)
+    assert inner.kept is not broadcast and list(inner.kept) == list(inner.returned)
+    cache, sent = to_numpy(inner.kept), to_numpy(broadcast)
+    for name in model:
+        np.testing.assert_array_equal(cache[name], sent[name])
+    # In the model's order, the cache is the broadcast model itself.
+    inner = KeepsItsAggregate()
+    strategy = LIPS(inner, num_rounds=NUM_ROUNDS)
+    list(strategy.configure_train(1, to_record(model), ConfigRecord(), grid()))
+    replies = [reply(m, n, node_id=i + 1)
+               for i, (m, n) in enumerate(zip(client_models(model, len(EXAMPLES), seed=1), EXAMPLES))]
+    broadcast, _ = strategy.aggregate_train(1, replies)
+    assert inner.kept is broadcast
+
+
 class CachingFedAvg(FedAvg):
     """A strategy of one's own that builds on a copy of its aggregate, declared as a cached model."""
 
