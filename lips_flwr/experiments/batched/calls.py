@@ -25,6 +25,7 @@ of the call that answers it and for the runner's observations alike.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import traceback
 from collections.abc import Callable
@@ -146,7 +147,8 @@ def error_reply(msg: Message, code: int, reason: str) -> Message:
 
 
 class ThreadCall(Generic[T]):
-    """``fn()`` running in a daemon thread of its own, which the caller may stop waiting for.
+    """``fn()`` running in a daemon thread of its own, in a copy of the caller's context
+    (``contextvars``), which the caller may stop waiting for.
 
     Started on construction. :meth:`wait` waits up to ``timeout`` seconds
     (a Ctrl-C interrupts it); :meth:`outcome` is ``fn``'s result, or raises
@@ -157,7 +159,10 @@ class ThreadCall(Generic[T]):
         self._fn = fn
         self._result: T | None = None
         self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # In the caller's context, as asyncio.to_thread runs a call: a thread starts with an empty
+        # one, and the call would lose what the caller set (the engine of training.computing_with).
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(target=context.run, args=(self._run,), name=name, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:

@@ -35,6 +35,7 @@ its result is discarded, and a call it makes after is a ``RuntimeError``.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -218,8 +219,9 @@ class Rendezvous:
                 self._cond.notify()
 
         self._running = len(clients)
-        threads = [threading.Thread(target=client_thread, args=(i,), daemon=True)
-                   for i in range(len(clients))]
+        # Each client in a copy of the caller's context (contextvars), as the sequential engine's calls.
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(client_thread, i),
+                                    daemon=True) for i in range(len(clients))]
         for thread in threads:
             thread.start()
         try:

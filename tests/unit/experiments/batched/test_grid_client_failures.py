@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 import watchdog
 from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
-from lips_flwr.experiments.training import local_compute
+from lips_flwr.experiments.training import computing_with, local_compute
 
 ENGINES = ["sequential", "stacked"]
 CLIENT_APP_RAISED_EXCEPTION, CLIENT_APP_CRASHED = 2, 8  # flwr.common.constant.ErrorCode
@@ -258,3 +259,49 @@ def _wait_until(condition, seconds: float = 30.0) -> None:
         assert time.monotonic() < end, "timed out waiting"
         time.sleep(0.01)
 
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_a_call_with_a_deadline_computes_with_the_callers_engine(timeout):
+    # A call with a deadline runs in a thread of its own (ThreadCall), which started with an empty
+    # context: the engine of the caller's computing_with was lost there (the benchmarks' timed
+    # engine timed nothing: "client compute 0.000").
+    engine, seen = object(), []  # a stand-in engine: only its identity is looked at
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        seen.append(local_compute() is engine)
+        return reply(msg, int(context.node_config["partition-id"]))
+
+    grid = BatchedGrid(app, num_nodes=2, run_config={}, engine="sequential")
+    with computing_with(engine):
+        replies = list(grid.send_and_receive([Message(content(), n, "train") for n in (1000, 1001)],
+                                             timeout=timeout))
+    assert len(replies) == 2 and not any(r.has_error() for r in replies)
+    assert seen == [True, True]
+
+
+_CALLERS = contextvars.ContextVar("callers")
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("engine", ENGINES)
+def test_client_calls_see_the_callers_context_variables_on_both_engines(engine):
+    seen = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        seen.append(_CALLERS.get(None))
+        return reply(msg, int(context.node_config["partition-id"]))
+
+    grid = BatchedGrid(app, num_nodes=3, run_config={}, engine=engine)
+    token = _CALLERS.set("the caller's")
+    try:
+        replies = list(grid.send_and_receive([Message(content(), n, "train") for n in (1000, 1001, 1002)],
+                                             timeout=30.0))
+    finally:
+        _CALLERS.reset(token)
+    assert len(replies) == 3 and seen == ["the caller's"] * 3
