@@ -1,0 +1,53 @@
+"""Flower ``Array``s read without parsing their ``.npy`` header on every ``numpy()`` call.
+
+Inside one process a model still goes to each client and back as Flower's
+``Array``s: ``np.save`` bytes, read again by ``Array.numpy()`` (``np.load``)
+wherever Flower's code or an app wants an ndarray. ``np.load`` parses every
+header as a Python literal (~20-40 us an array): for 100 replies of a
+56-array model that is most of Flower's FedAvg step (0.33 s against 0.14 s
+with the header parsed once, on the development machine), and each client
+pays it again for the model it receives.
+
+:class:`ViewedArray` is an ``Array`` whose ``numpy()`` reads the bytes
+through :func:`lips_flwr._npy.read_npy` (the header parsed once per distinct
+header) and returns a copy: the same values, dtype, shape and memory order as
+``Array.numpy()``, writable and the caller's own. The batched Grid gives
+this class (:func:`view_arrays`) to the Arrays of each client's copy of an
+instruction and of each reply; their fields, bytes and identity stay as they
+were, and ``isinstance(a, Array)`` still holds, so strategies and apps see
+Flower's records.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from ..._npy import NUMPY_SERIALIZATION, read_npy
+
+
+class ViewedArray(Array):
+    """An ``Array`` whose :meth:`numpy` parses its ``.npy`` header once per distinct header."""
+
+    def numpy(self) -> np.ndarray:
+        """``Array.numpy()``: a new, writable ndarray of the array's values (``np.load``'s result)."""
+        if self.stype != NUMPY_SERIALIZATION:
+            return super().numpy()  # Flower's own TypeError
+        return np.array(read_npy(self.data))  # (order "K": a Fortran-order array stays so, as np.load's)
+
+
+def view_arrays(content: RecordDict) -> None:
+    """Give each plain ``Array`` of ``content``'s ArrayRecords the class :class:`ViewedArray`.
+
+    The objects stay the same (their class is swapped, nothing is copied or
+    rebuilt): a record that a strategy or a client holds elsewhere keeps its
+    own objects, now read faster. Subclasses of ``Array`` are left alone.
+    """
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            for array in record.values():
+                if type(array) is Array:
+                    array.__class__ = ViewedArray
+
+
+__all__ = ["ViewedArray", "view_arrays"]

@@ -1,0 +1,104 @@
+"""The batched Grid's Arrays read their header once: the same ndarray as Flower's ``Array.numpy()``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from flower_fakes import task_identity  # noqa: F401
+from lips_flwr.experiments.batched.arrays import ViewedArray, view_arrays
+
+CASES = {
+    "float32": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "float64 Fortran order": np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+    "0-d int64": np.array(7, dtype=np.int64),
+    "big-endian float32": np.arange(5, dtype=">f4"),
+    "bool": np.array([True, False, True]),
+    "empty": np.zeros((0, 3), dtype=np.float32),
+    "float16 4-d": np.ones((2, 1, 3, 2), dtype=np.float16),
+}
+
+
+def viewed(ndarray: np.ndarray) -> Array:
+    array = Array(ndarray)
+    array.__class__ = ViewedArray
+    return array
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_numpy_gives_what_flowers_array_gives(name):
+    flower, ours = Array(CASES[name]).numpy(), viewed(CASES[name]).numpy()
+    assert ours.dtype == flower.dtype and ours.shape == flower.shape
+    assert np.array_equal(ours, flower)
+    for flag in ("C_CONTIGUOUS", "F_CONTIGUOUS", "WRITEABLE"):
+        assert ours.flags[flag] == flower.flags[flag], flag
+
+
+def test_each_call_gives_an_array_of_its_own_and_the_bytes_stay():
+    array = viewed(np.arange(4, dtype=np.float32))
+    data = array.data
+    first = array.numpy()
+    first[:] = -1
+    assert array.numpy().tolist() == [0, 1, 2, 3] and array.data is data
+
+
+def test_bad_bytes_and_other_serializations_raise_as_flowers_do():
+    good = Array(np.arange(4, dtype=np.float32))
+    truncated = Array(dtype=good.dtype, shape=good.shape, stype=good.stype, data=good.data[:-4])
+    for flower, ours in ((truncated, viewed(np.zeros(1))),):
+        ours.data = flower.data
+        with pytest.raises(ValueError):
+            flower.numpy()
+        with pytest.raises(ValueError):
+            ours.numpy()
+    other = Array(dtype="float32", shape=(1,), stype="torch", data=b"1234")
+    with pytest.raises(TypeError, match="Unsupported serialization type"):
+        Array.numpy(other)
+    other.__class__ = ViewedArray
+    with pytest.raises(TypeError, match="Unsupported serialization type"):
+        other.numpy()
+
+
+def test_view_arrays_swaps_only_plain_arrays_in_place():
+    class Custom(Array):
+        pass
+
+    record = ArrayRecord({"a": Array(np.ones(2, np.float32))})
+    record["b"] = Custom(np.ones(2, np.float32))  # (the constructor would copy it into an Array)
+    plain = record["a"]
+    content = RecordDict({"arrays": record, "metrics": MetricRecord({"x": 1.0}),
+                          "config": ConfigRecord({"k": "v"})})
+    view_arrays(content)
+    assert content["arrays"]["a"] is plain and type(plain) is ViewedArray
+    assert type(content["arrays"]["b"]) is Custom and isinstance(plain, Array)
+    assert content["metrics"]["x"] == 1.0 and content["config"]["k"] == "v"
+    view_arrays(content)  # twice: nothing changes
+    assert type(plain) is ViewedArray and plain.numpy().tolist() == [1.0, 1.0]
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_the_grid_carries_viewed_arrays_both_ways_with_flowers_values(engine):
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+
+    from lips_flwr.experiments.batched import BatchedGrid
+
+    received = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        array = msg.content["arrays"]["w"]
+        received.append((type(array), array.numpy().tolist()))
+        pid = float(context.node_config["partition-id"])
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, pid, np.float32))}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    grid = BatchedGrid(app, num_nodes=2, run_config={}, engine=engine)
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}), "config": ConfigRecord()})
+    replies = list(grid.send_and_receive([Message(content, n, "train") for n in (1000, 1001)], timeout=30))
+    assert received == [(ViewedArray, [1.0, 1.0])] * 2
+    arrays = sorted((type(r.content["arrays"]["w"]), r.content["arrays"]["w"].numpy().tolist()) for r in replies)
+    assert arrays == [(ViewedArray, [0.0, 0.0]), (ViewedArray, [1.0, 1.0])]
