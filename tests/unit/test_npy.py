@@ -7,6 +7,7 @@ from io import BytesIO
 import numpy as np
 import pytest
 
+from flower_fakes import task_identity  # noqa: F401
 from lips_flwr._npy import _parse_header, read_npy
 
 
@@ -100,3 +101,38 @@ def test_record_conversions_equal_flowers_own(array):
     odd = Array(dtype=str(array.dtype), shape=array.shape, stype="torch.Tensor", data=record["x"].data)
     with pytest.raises(TypeError, match="Unsupported serialization type"):
         array_view(odd)
+
+
+def test_numpy_to_record_keeps_the_arrays_it_builds_and_the_templates_unchanged_ones():
+    from flwr.app import Array, ArrayRecord
+
+    from lips_flwr._records import numpy_to_record, record_of
+
+    arrays = {"a": np.ones(3, np.float32), "b": np.arange(4, dtype=np.int64)}
+    built = numpy_to_record(arrays)
+    flower = ArrayRecord({n: Array(a) for n, a in arrays.items()})
+    assert list(built) == ["a", "b"] and all(built[n] == flower[n] for n in arrays)  # fields and bytes
+    again = numpy_to_record({"a": np.zeros(3, np.float32)}, template=built, changed=["a"])
+    assert again["b"] is built["b"] and again["a"] is not built["a"]  # unchanged: the same object
+    assert again["a"].numpy().tolist() == [0.0, 0.0, 0.0] and built["a"].numpy().tolist() == [1.0] * 3
+    kept = {"z": Array(np.ones(1)), "y": Array(np.zeros(2))}
+    record = record_of(kept)
+    assert list(record) == ["z", "y"] and all(record[n] is kept[n] for n in kept)  # Flower's would copy
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_clients_received_copy_has_its_own_arrays_over_the_same_bytes():
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+    from lips_flwr.experiments.batched.calls import received_copy
+
+    record = ArrayRecord({"w": Array(np.ones(2, np.float32)), "b": Array(np.zeros(1, np.float32))})
+    msg = Message(RecordDict({"arrays": record, "config": ConfigRecord({"k": 1})}), 7, "train")
+    first, second = received_copy(msg), received_copy(msg)
+    for copy in (first, second):
+        arrays = copy.content["arrays"]
+        assert list(arrays) == ["w", "b"] and all(arrays[n] == record[n] for n in record)
+        assert all(arrays[n] is not record[n] and arrays[n].data is record[n].data for n in record)
+    first.content["arrays"]["w"].data = Array(np.full(2, 5.0, np.float32)).data  # a mod edits its own
+    assert second.content["arrays"]["w"].numpy().tolist() == [1.0, 1.0] == record["w"].numpy().tolist()
+    assert first.metadata.dst_node_id == 7 and first.content["config"]["k"] == 1
