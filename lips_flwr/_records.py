@@ -82,7 +82,9 @@ def record_of(arrays: Mapping[str, Array]) -> ArrayRecord:
     for each one (Flower's ``from_array_dict``, ~15 us an array): for Arrays
     just made, or reused unchanged from a template, that is a second build.
     An ``Array`` is a value here: nothing in the package or in Flower's
-    strategies changes one's fields in place.
+    strategies changes one's fields in place. (Flower's constructor would
+    also make a subclass a plain ``Array`` and its ``shape`` a tuple; these
+    are kept as given.)
     """
     record = ArrayRecord()
     for name, array in arrays.items():

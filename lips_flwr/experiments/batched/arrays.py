@@ -27,13 +27,33 @@ from ..._npy import NUMPY_SERIALIZATION, read_npy
 
 
 class ViewedArray(Array):
-    """An ``Array`` whose :meth:`numpy` parses its ``.npy`` header once per distinct header."""
+    """An ``Array`` whose :meth:`numpy` parses its ``.npy`` header once per distinct header; equal to,
+    and deflated as, a Flower ``Array`` of the same fields."""
 
     def numpy(self) -> np.ndarray:
-        """``Array.numpy()``: a new, writable ndarray of the array's values (``np.load``'s result)."""
+        """``Array.numpy()``: a new, writable ndarray of the array's values.
+
+        For ``.npy`` bytes of an array, what ``np.load`` gives; other bytes
+        raise ``ValueError`` (``np.load`` reads an ``.npz`` archive too, and
+        words its errors otherwise).
+        """
         if self.stype != NUMPY_SERIALIZATION:
             return super().numpy()  # Flower's own TypeError
         return np.array(read_npy(self.data))  # (order "K": a Fortran-order array stays so, as np.load's)
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass's __eq__ wants the same class: an Array of the same fields is equal.
+        if not isinstance(other, Array):
+            return NotImplemented
+        return (self.dtype, self.shape, self.stype, self.data) == (other.dtype, other.shape, other.stype,
+                                                                   other.data)
+
+    __hash__ = None  # type: ignore[assignment]  # (as Array's: a mutable dataclass)
+
+    def deflate(self) -> bytes:
+        """Flower's wire form of an ``Array`` of these fields (its header names the class ``Array``, which
+        Flower's inflation knows), so its ``object_id`` is that ``Array``'s too."""
+        return Array(dtype=self.dtype, shape=tuple(self.shape), stype=self.stype, data=self.data).deflate()
 
 
 def view_arrays(content: RecordDict) -> None:

@@ -60,6 +60,7 @@ push and every delivery's replies as they happen.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 import threading
@@ -316,8 +317,8 @@ class BatchedGrid(Grid):
         answered = []
         for msg, seed in zip(calls, seeds):
             with self._kept():
-                if timeout is None:  # nothing to abandon: in this thread
-                    answered.append((msg, self._call_client(msg, seed)))
+                if timeout is None:  # nothing to abandon: in this thread, in a copy of its context
+                    answered.append((msg, contextvars.copy_context().run(self._call_client, msg, seed)))
                     continue
                 call = ThreadCall(functools.partial(self._call_client, msg, seed),
                                   name=f"node {msg.metadata.dst_node_id}")

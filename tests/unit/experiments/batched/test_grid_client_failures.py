@@ -305,3 +305,23 @@ def test_client_calls_see_the_callers_context_variables_on_both_engines(engine):
     finally:
         _CALLERS.reset(token)
     assert len(replies) == 3 and seen == ["the caller's"] * 3
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_what_a_client_sets_in_its_context_stays_in_its_call(engine, timeout):
+    # As under Flower, where each ClientApp call runs in a process of its own.
+    seen = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        seen.append(_CALLERS.get(None))
+        _CALLERS.set(f"node {context.node_config['partition-id']}'s")
+        return reply(msg, int(context.node_config["partition-id"]))
+
+    grid = BatchedGrid(app, num_nodes=3, run_config={}, engine=engine)
+    replies = list(grid.send_and_receive([Message(content(), n, "train") for n in (1000, 1001, 1002)],
+                                         timeout=timeout))
+    assert len(replies) == 3 and seen == [None] * 3 and _CALLERS.get(None) is None

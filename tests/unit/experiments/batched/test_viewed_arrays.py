@@ -102,3 +102,27 @@ def test_the_grid_carries_viewed_arrays_both_ways_with_flowers_values(engine):
     assert received == [(ViewedArray, [1.0, 1.0])] * 2
     arrays = sorted((type(r.content["arrays"]["w"]), r.content["arrays"]["w"].numpy().tolist()) for r in replies)
     assert arrays == [(ViewedArray, [0.0, 0.0]), (ViewedArray, [1.0, 1.0])]
+
+
+def test_a_viewed_array_is_equal_to_and_deflates_as_flowers_array():
+    flower = Array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    ours = viewed(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert ours == flower and flower == ours and not (ours != flower)
+    assert ours != viewed(np.zeros(6, np.float32).reshape(2, 3)) and ours != "Array"
+    assert ArrayRecord({"x": flower}) == record_with(ours)
+    if not hasattr(flower, "deflate"):
+        return  # (a flwr without Flower's wire objects: nothing to deflate)
+    assert ours.deflate() == flower.deflate() and ours.object_id == flower.object_id
+    inflatable = pytest.importorskip("flwr.supercore.inflatable.inflatable_utils")
+    inflate_object_from_contents = inflatable.inflate_object_from_contents
+
+    children = {chunk_id: chunk for chunk_id, chunk in ours.children.items()}
+    back = inflate_object_from_contents(ours.object_id, {ours.object_id: ours.deflate(),
+                                                          **{k: v.deflate() for k, v in children.items()}})
+    assert type(back) is Array and back == flower
+
+
+def record_with(array: Array) -> ArrayRecord:
+    record = ArrayRecord()
+    record["x"] = array
+    return record
