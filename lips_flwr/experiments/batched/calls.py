@@ -26,7 +26,6 @@ of the call that answers it and for the runner's observations alike.
 from __future__ import annotations
 
 import contextvars
-import copy
 import threading
 import traceback
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from typing import Generic, TypeVar
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from lips_flwr._records import record_of
+from lips_flwr.experiments.batched.arrays import viewed_record
 
 T = TypeVar("T")
 
@@ -76,14 +75,13 @@ def received_copy(msg: Message) -> Message:
     Flower sends every node the same ``RecordDict`` object; over the wire each
     client gets a copy, so a mod that edits its message in place (FedBN swaps
     arrays) must not reach the other clients' messages. Each client gets its
-    own Array objects (shallow copies: ``ArrayRecord(dict)`` would build each
-    anew through Flower's constructor, ~3x the cost); their bytes are
-    immutable and shared.
+    own Array objects, shallow copies over the same (immutable) bytes that
+    read faster (:func:`.arrays.viewed_record`).
     """
     content = RecordDict()
     for name, record in msg.content.items():
         if isinstance(record, ArrayRecord):
-            content[name] = record_of({key: copy.copy(array) for key, array in record.items()})
+            content[name] = viewed_record(record)
         elif isinstance(record, MetricRecord):
             content[name] = MetricRecord(dict(record.items()))
         elif isinstance(record, ConfigRecord):

@@ -79,7 +79,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from lips_flwr.errors import ConfigError
-from lips_flwr.experiments.batched.arrays import view_arrays
+from lips_flwr.experiments.batched.arrays import view_records
 from lips_flwr.experiments.batched.calls import (
     ThreadCall,
     nodes_awaited,
@@ -272,12 +272,11 @@ class BatchedGrid(Grid):
         """
         context = self.contexts[msg.metadata.dst_node_id]
         received = received_copy(msg)
-        view_arrays(received.content)  # its own Arrays (received_copy), read faster (arrays.py)
         if seed is not None:
             seed_globals(seed)
         reply = reply_or_error(self.client_app, received, context)
         if reply.has_content():
-            view_arrays(reply.content)  # what the strategy reads, read faster (arrays.py)
+            view_records(reply.content)  # what the strategy reads, read faster (arrays.py)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         if self.on_call is not None:
             self.on_call()

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from flower_fakes import task_identity  # noqa: F401
-from lips_flwr.experiments.batched.arrays import ViewedArray, view_arrays
+from lips_flwr.experiments.batched.arrays import ViewedArray, view_records, viewed_record
 
 CASES = {
     "float32": np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -21,9 +21,7 @@ CASES = {
 
 
 def viewed(ndarray: np.ndarray) -> Array:
-    array = Array(ndarray)
-    array.__class__ = ViewedArray
-    return array
+    return ViewedArray.copy_of(Array(ndarray))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -55,26 +53,27 @@ def test_bad_bytes_and_other_serializations_raise_as_flowers_do():
     other = Array(dtype="float32", shape=(1,), stype="torch", data=b"1234")
     with pytest.raises(TypeError, match="Unsupported serialization type"):
         Array.numpy(other)
-    other.__class__ = ViewedArray
     with pytest.raises(TypeError, match="Unsupported serialization type"):
-        other.numpy()
+        ViewedArray.copy_of(other).numpy()
 
 
-def test_view_arrays_swaps_only_plain_arrays_in_place():
+def test_view_records_puts_copies_in_place_and_leaves_the_senders_objects_alone():
     class Custom(Array):
         pass
 
     record = ArrayRecord({"a": Array(np.ones(2, np.float32))})
     record["b"] = Custom(np.ones(2, np.float32))  # (the constructor would copy it into an Array)
-    plain = record["a"]
     content = RecordDict({"arrays": record, "metrics": MetricRecord({"x": 1.0}),
                           "config": ConfigRecord({"k": "v"})})
-    view_arrays(content)
-    assert content["arrays"]["a"] is plain and type(plain) is ViewedArray
-    assert type(content["arrays"]["b"]) is Custom and isinstance(plain, Array)
+    plain, custom = record["a"], record["b"]
+    view_records(content)
+    new = content["arrays"]
+    assert new is not record and list(new) == ["a", "b"]
+    assert type(new["a"]) is ViewedArray and new["a"] == plain and new["a"].data is plain.data
+    assert type(new["b"]) is Custom and new["b"] is not custom and new["b"].data is custom.data
+    assert record["a"] is plain and type(plain) is Array and record["b"] is custom  # the sender's, as they were
     assert content["metrics"]["x"] == 1.0 and content["config"]["k"] == "v"
-    view_arrays(content)  # twice: nothing changes
-    assert type(plain) is ViewedArray and plain.numpy().tolist() == [1.0, 1.0]
+    assert type(viewed_record(new)["a"]) is ViewedArray and new["a"].numpy().tolist() == [1.0, 1.0]
 
 
 @pytest.mark.usefixtures("task_identity")
