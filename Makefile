@@ -3,7 +3,7 @@
 #   make test         everything CI runs (.ci/run): lint, then the whole suite, the installed
 #                     wheel, the lowest supported versions and the base install without
 #                     torch at once (about 23 min on 2 cores: 1394 s in a fresh-clone CI run)
-#   make test-fast    unit tests and one quick `flwr run` (~1-2 min): the inner loop
+#   make test-fast    unit tests and one quick `flwr run` (about 4.5 min on 2 cores: 272 s): the inner loop
 #   make lint         ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
 #   make test-wheel   build sdist + wheel, install the wheel in a fresh venv, run the
 #                     quickstart apps (both APIs) under `flwr run` against that install
