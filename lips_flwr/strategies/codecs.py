@@ -32,7 +32,7 @@ from flwr.app import ArrayRecord
 from flwr.common import Parameters, ndarrays_to_parameters
 
 from .._npy import npy_bytes, read_npy
-from .._records import array_of, numpy_to_record, record_of, record_views
+from .._records import numpy_to_record, record_views
 
 Arrays = dict[str, np.ndarray]
 NAMES_HINT = "pass the names in the order the clients send them (e.g. list(net.state_dict().keys()))"
@@ -106,10 +106,7 @@ class MessageCodec(ModelCodec):
                     changed: Collection[str] = ()) -> Any:
         if kind != "arrayrecord":
             return super().from_arrays(kind, arrays, like, changed)
-        if like is None:
-            return numpy_to_record(arrays)
-        return record_of({name: array_of(array) if name in changed else like[name]
-                          for name, array in arrays.items()})
+        return numpy_to_record(arrays, template=like, changed=changed, order=list(arrays))
 
     def serialized(self, model: ArrayRecord) -> tuple[list[str], list[Any]]:
         return list(model), [array.data for array in model.values()]
