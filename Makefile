@@ -67,7 +67,7 @@ test-fast: setup
 	$(MAKE) -j2 --output-sync=target test-fast-unit test-fast-run
 
 test-fast-unit: setup
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 test-fast-run: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider "$(QUICK_RUN)"

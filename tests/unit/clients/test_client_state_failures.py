@@ -137,6 +137,7 @@ def _check_every_reply_went_out(result: dict) -> None:
     assert all("lips-client-fallback" in c["metrics"] for c in calls[1:3])  # the mask rounds ran
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["message", "numpy"])
 @pytest.mark.parametrize("scenario", sorted(PERMISSION_CASES))
 def test_a_folder_without_permission_costs_no_round(scenario, api):
@@ -151,6 +152,7 @@ def test_a_folder_without_permission_costs_no_round(scenario, api):
     assert len(warned) == len(set(warned))  # each problem once, not every round
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE is POSIX")
 @pytest.mark.parametrize("api", ["message", "numpy"])
 def test_a_file_size_limit_costs_no_round(tmp_path, api):

@@ -228,6 +228,7 @@ def test_a_server_failure_still_shows_the_first_error(grid, tmp_path, monkeypatc
 # --------------------------------------------------------------------------- results bound to their settings
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second", ["clients-failed", "interrupted", "no-file"])
 def test_an_interrupted_rerun_leaves_every_result_file_whole_and_true_to_its_settings(grid, tmp_path, monkeypatch,
                                                                                       second):
@@ -260,6 +261,7 @@ def test_an_interrupted_rerun_leaves_every_result_file_whole_and_true_to_its_set
         exc.value.code)
 
 
+@pytest.mark.slow
 def test_the_table_shows_this_grids_runs_and_leaves_other_results(grid, tmp_path, monkeypatch, capsys):
     run_main(grid, monkeypatch, tmp_path, FakeFlower(tag="first"), seeds="0,1")
     folder = tmp_path / "out" / "tiny"
@@ -297,6 +299,7 @@ def study_main(monkeypatch, tmp_path, flower, conf_path: Path, *extra: str):
     study.main()
 
 
+@pytest.mark.slow
 def test_the_study_keeps_no_results_of_a_failed_run(tmp_path, monkeypatch):
     """A failed run leaves no result file (nor staging) for the next invocation to take as done."""
     with pytest.raises(SystemExit):
@@ -307,6 +310,7 @@ def test_the_study_keeps_no_results_of_a_failed_run(tmp_path, monkeypatch):
     assert len(list(select.glob("*.json"))) == 10 and listing(select) == sorted(p.name for p in select.iterdir())
 
 
+@pytest.mark.slow
 def test_a_study_with_another_conf_on_one_out_is_refused_and_recompute_replaces_it(tmp_path, monkeypatch):
     """Issue 26, defect 3: conf B on conf A's --out kept A's files and rewrote table.md from them (exit 0)."""
     study_main(monkeypatch, tmp_path, FakeFlower(tag="A"), conf(tmp_path / "a", name="study"))

@@ -216,6 +216,7 @@ def test_usage_errors_exit_2_before_anything_runs(tmp_path, capsys, argument):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # (the command asks for its extras first)
     app = make_app(tmp_path / "app", fail=True, lips=True)  # (arm A forces LIPS off: the app builds one)
@@ -227,6 +228,7 @@ def test_a_failing_app_exits_non_zero_with_its_clients_error(tmp_path, capsys):
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_a_run_with_no_aggregate_in_most_rounds_fails_with_the_strategys_reasons(tmp_path, capsys):
     """``--run-config lr=nan``: every reply dropped every round, and compare wrote a verdict (+0.0000)."""
     pytest.importorskip("matplotlib")
@@ -282,6 +284,7 @@ def _umask() -> int:
     return umask()
 
 
+@pytest.mark.slow
 def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsys):
     """A --recompute that failed after its runs left the old report beside the runs it had replaced."""
     pytest.importorskip("matplotlib")
@@ -349,6 +352,7 @@ USER_ERRORS = {  # name: (set-up(app, out, monkeypatch), extra arguments, what t
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(USER_ERRORS))
 def test_each_user_error_ends_with_one_line_naming_the_file_or_the_fix(tmp_path, capsys, monkeypatch, case):
     """These printed a traceback (KeyError, IsADirectoryError, NotADirectoryError, ...) or a bare message."""
@@ -371,6 +375,7 @@ def test_each_user_error_ends_with_one_line_naming_the_file_or_the_fix(tmp_path,
         assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["result without identity", "old-style result"])
 def test_recompute_gets_past_a_damaged_or_old_style_result_file(tmp_path, capsys, case):
     pytest.importorskip("matplotlib")
@@ -537,6 +542,7 @@ def test_the_serverapps_own_evaluation_is_a_metric_too_and_the_report_says_so(tm
     assert clients["metric"] == "acc" and clients["metric_source"] == "clients"  # the clients' acc first
 
 
+@pytest.mark.slow
 def test_an_unknown_metric_is_refused_after_the_first_evaluated_round_of_the_first_run(tmp_path, capsys):
     """It was found only after every run of the sweep had finished."""
     pytest.importorskip("matplotlib")
@@ -596,6 +602,7 @@ def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anyt
     assert (out / "report.md").read_text() == "the running sweep's"
 
 
+@pytest.mark.slow
 def test_an_app_without_lips_stops_the_runs_beside_it_at_once_with_two_jobs(tmp_path, capsys):
     """With --jobs 2, b-seed1 ran to its end (here 30 rounds of 0.4 s) before the user saw the fix."""
     pytest.importorskip("matplotlib")

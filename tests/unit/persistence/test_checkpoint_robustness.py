@@ -142,6 +142,7 @@ def keeper_run(path, resume=False, num_rounds=ROUNDS) -> tuple[CheckpointKeeper,
 
 # ----- 1. two writers on one checkpoint -----
 
+@pytest.mark.slow
 def test_two_processes_saving_one_checkpoint_lose_no_save(tmp_path):
     """Before: each save removed the other's temporary file as stale (FileNotFoundError)."""
     path, folder = tmp_path / "lips.npz", tmp_path / "sync"
@@ -154,6 +155,7 @@ def test_two_processes_saving_one_checkpoint_lose_no_save(tmp_path):
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".lips.npz.")]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_checkpoint_in_use_is_refused_at_begin(tmp_path):
     path, folder = tmp_path / "lips.npz", tmp_path / "sync"
     first = writer(path, "keeper", 30, folder)

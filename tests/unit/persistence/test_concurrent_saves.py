@@ -72,6 +72,7 @@ def temporaries(folder: Path, name: str) -> list[str]:
     return [p.name for p in folder.iterdir() if p.name.startswith(f".{name}.")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writers", [2, 4])
 def test_threads_saving_one_path_all_succeed_and_the_file_is_always_whole(tmp_path, writers):
     path, failures = tmp_path / "lips.npz", []
@@ -109,6 +110,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 def test_processes_of_two_threads_each_saving_one_path_all_succeed(tmp_path):
     path, go = tmp_path / "lips.npz", tmp_path / "go"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -129,6 +131,7 @@ def test_processes_of_two_threads_each_saving_one_path_all_succeed(tmp_path):
     assert temporaries(tmp_path, path.name) == []
 
 
+@pytest.mark.slow
 def test_checking_a_checkpoint_is_writable_while_another_thread_saves_it(tmp_path):
     """check_writable's probe is named like a save's temporary: a save's cleanup must leave it."""
     path, failures, refused = tmp_path / "lips.npz", [], []

@@ -66,6 +66,7 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+@pytest.mark.slow
 def test_a_result_follows_every_module_its_run_loaded_from_the_app_folder(tmp_path):
     app, out = helpers_app(tmp_path / "app"), tmp_path / "out"
     [path] = run_sweep([spec(app)], out, progress=lambda line: None)
@@ -185,6 +186,7 @@ def test_a_stopped_run_whose_code_changed_starts_again_at_round_1(tmp_path):
     assert f"changed: {MODULES} (unreadable)" in logged[-1]
 
 
+@pytest.mark.slow
 def test_a_run_process_leaves_the_modules_it_imported_in_its_staging_folder(tmp_path):
     app, out = make_app(tmp_path / "app", resumable=True), tmp_path / "out"
     client = app / "tinyapp" / "client_app.py"

@@ -109,6 +109,7 @@ def checkpoint_round(staging: Path) -> int:
     return load_checkpoint(staging / "checkpoint.npz").round
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damaged", ["observed.json", "last-global.npz", "checkpoint.npz", CONTEXTS,
                                      "clients"])
 def test_a_damaged_staging_file_starts_the_run_again_at_round_1_naming_the_file(stopped, tmp_path, damaged):
@@ -139,6 +140,7 @@ def test_observations_that_lack_a_round_the_checkpoint_holds_are_not_continued(s
     assert "observed.json' lacks round 1, which the checkpoint holds (round " in lines[-1]
 
 
+@pytest.mark.slow
 def test_a_truncated_last_global_model_gives_the_uninterrupted_result_not_a_bad_zip_file(stopped, tmp_path):
     """Today: ``BadZipFile`` and the progress deleted; now a fresh run, equal to the uninterrupted one."""
     spec, out, whole = copy_of(stopped, tmp_path)
@@ -151,6 +153,7 @@ def test_a_truncated_last_global_model_gives_the_uninterrupted_result_not_a_bad_
     assert result.provenance["resumed_from_round"] is None
 
 
+@pytest.mark.slow
 def test_a_continued_tiny_run_equals_the_uninterrupted_one(stopped, tmp_path):
     spec, out, whole = copy_of(stopped, tmp_path)
     held = checkpoint_round(out / ".staging" / "b-seed1")

@@ -13,6 +13,7 @@ from lips_flwr.experiments.runner.stall import StallWatch, heartbeat
 from lips_flwr.experiments.runner.sweep import SweepFailed, run_sweep
 
 
+@pytest.mark.slow
 def test_a_run_whose_client_never_returns_fails_after_the_timeout_with_its_log(tmp_path):
     app = make_app(tmp_path / "app")
     client = app / "tinyapp" / "client_app.py"
@@ -31,6 +32,7 @@ def test_a_run_whose_client_never_returns_fails_after_the_timeout_with_its_log(t
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
 
 
+@pytest.mark.slow
 def test_a_stalled_run_that_ignores_sigterm_is_killed(tmp_path):
     """A stalled run got SIGTERM only: an app with its own handler kept the sweep waiting for ever."""
     app = make_app(tmp_path / "app")
@@ -45,6 +47,7 @@ def test_a_stalled_run_that_ignores_sigterm_is_killed(tmp_path):
     assert time.monotonic() - start < 150
 
 
+@pytest.mark.slow
 def test_a_run_that_goes_on_is_not_stalled(tmp_path):
     app = make_app(tmp_path / "app")
     [path] = run_sweep([RunSpec(app, "fine", 0, num_nodes=2, engine="sequential")], tmp_path / "out",

@@ -177,6 +177,7 @@ def test_pruning_keeps_other_runs_stopped_progress_and_removes_half_made_folders
     assert not root.exists()
 
 
+@pytest.mark.slow
 def test_a_second_sweep_is_refused_while_one_holds_the_folder(tmp_path):
     with SweepLock(tmp_path):
         assert (tmp_path / ".sweep.lock").read_text().strip() == str(os.getpid())

@@ -205,6 +205,7 @@ def test_managed_keys_point_into_the_staging_folder_and_stay_out_of_the_identity
 # --------------------------------------------------------------------------- whole sweeps
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_else(tmp_path, monkeypatch):
     app = make_app(tmp_path / "app", lips=True, resumable=True, results=True)
     out = tmp_path / "out"
@@ -241,6 +242,7 @@ def test_a_sweep_writes_identity_provenance_and_observations_and_leaves_nothing_
     assert again == [f"[{s.name}] reused {str(out / (s.name + '.json'))!r}" for s in specs]
 
 
+@pytest.mark.slow
 def test_the_same_sweep_gives_the_same_numbers_whatever_the_jobs(tmp_path):
     app = make_app(tmp_path / "app")
     specs = [spec(app, f"seed{s}", seed=s) for s in (1, 2)]
@@ -251,6 +253,7 @@ def test_the_same_sweep_gives_the_same_numbers_whatever_the_jobs(tmp_path):
     assert one == two and one[0] != one[1]  # the app never seeds: the runner's seeds decide
 
 
+@pytest.mark.slow
 def test_a_failing_app_stops_the_sweep_with_its_clients_first_error(tmp_path):
     app = make_app(tmp_path / "app", fail=True)
     with pytest.raises(SweepFailed) as err:
@@ -260,6 +263,7 @@ def test_a_failing_app_stops_the_sweep_with_its_clients_first_error(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []  # no result, no staging, no lock
 
 
+@pytest.mark.slow
 def test_a_run_process_that_ends_without_a_word_fails_the_sweep_with_its_log(tmp_path):
     """A process that exits at the app's import (``os._exit``): its log's end in the error, no staging."""
     app = make_app(tmp_path / "app")
@@ -296,6 +300,7 @@ def test_the_stacked_engines_chunk_size_is_in_a_stacked_runs_identity_only(tmp_p
     assert "chunk_size" not in sequential.identity  # its results of earlier versions keep matching
 
 
+@pytest.mark.slow
 def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tmp_path):
     """The worker ends a Ctrl-C'd run with exit status 130: a stop, not a failure, so its progress stays."""
     app = make_app(tmp_path / "app", resumable=True)
@@ -313,6 +318,7 @@ def test_a_run_process_stopped_by_ctrl_c_keeps_its_staging_folder_to_continue(tm
     assert not (out / "stopped.json").exists()
 
 
+@pytest.mark.slow
 def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_changed(tmp_path):
     """The sweep computes the identity once; a run process started later imports what is on disk then."""
     app = make_app(tmp_path / "app")
@@ -337,6 +343,7 @@ def test_a_run_whose_code_changed_after_the_sweep_started_fails_naming_what_chan
         check_code(dataclasses.replace(job, identity=then))
 
 
+@pytest.mark.slow
 def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tmp_path):
     """compare's default arm A forces LIPS off: an app with no LIPS strategy would be the app as written."""
     app = make_app(tmp_path / "app")  # FedAvg, no LIPS
@@ -375,6 +382,7 @@ def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monke
     assert run_environment(app_spec, 3) == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 
+@pytest.mark.slow
 def test_each_run_works_in_its_own_folder_not_the_callers(tmp_path, monkeypatch):
     """An app's ``open("final-model.txt", "w")`` lands in its run's staging folder, never shared."""
     app = make_app(tmp_path / "app", results=True, save_model=True)

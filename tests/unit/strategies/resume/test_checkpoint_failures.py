@@ -89,6 +89,7 @@ def _check(result: dict, error: str) -> None:
     assert [name for name in result["files"] if name.startswith(".")] == []  # no temporary left
 
 
+@pytest.mark.slow
 @posix
 @pytest.mark.parametrize("api", ["message", "legacy"])
 def test_a_checkpoint_folder_turned_read_only_mid_run_costs_no_round(api):
@@ -100,6 +101,7 @@ def test_a_checkpoint_folder_turned_read_only_mid_run_costs_no_round(api):
     _check(result, "PermissionError: [Errno 13] Permission denied")
 
 
+@pytest.mark.slow
 @posix
 @pytest.mark.parametrize("api", ["message", "legacy"])
 def test_a_file_size_limit_mid_run_costs_no_round(tmp_path, api):
