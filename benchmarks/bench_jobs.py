@@ -43,7 +43,7 @@ VARIANTS = {"jobs=1": ["--jobs", "1"], "jobs=2": ["--jobs", "2"], "default": []}
 
 def compare_wall(app: Path, out: Path, seeds: int, rounds: int, nodes: int, extra: list[str]) -> float:
     """Wall seconds of one ``lips-flwr compare`` process (``RuntimeError`` with its output if it failed)."""
-    cmd = [sys.executable, "-m", "lips_flwr.experiments.cli", "compare", str(app), "--seeds",
+    cmd = [sys.executable, "-m", "lips_flwr.experiments.compare.cli", "compare", str(app), "--seeds",
            ",".join(str(1000 + s) for s in range(seeds)), "--num-supernodes", str(nodes), "--engine",
            "sequential", "--out", str(out), "--run-config", f"num-server-rounds={rounds}",
            f"data-path='{app.parent / 'sequences.npz'}'", *extra]

@@ -40,10 +40,10 @@ def require(what: str, modules: Iterable[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``lips-flwr`` command: :func:`lips_flwr.experiments.cli.main`, or, without its extra,
+    """The ``lips-flwr`` command: :func:`lips_flwr.experiments.compare.cli.main`, or, without its extra,
     one line on stderr naming the ``pip install`` and exit 2 (the command's usage-error status)."""
     try:
-        from .experiments.cli import main as command
+        from .experiments.compare.cli import main as command
     except MissingExtraError as err:
         print(f"lips-flwr: {err}", file=sys.stderr)
         return 2

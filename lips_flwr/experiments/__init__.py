@@ -12,8 +12,8 @@ their models stacked).
 :mod:`.runner`, the one experiment runner every sweep uses (a run's identity
 and provenance in its result file, reuse or refuse, resume, runs in fresh
 processes); :mod:`.stats` (the study protocol's paired tests, verdicts and
-inertia rule); :mod:`.compare`, :mod:`.compare_report` and :mod:`.cli`
-(``lips-flwr compare``, built on the runner).
+inertia rule); :mod:`.compare` (``lips-flwr compare``, built on the runner:
+the command, the summary and the report).
 
 It needs ``lips-flwr[examples]`` (torch above all): without torch, importing
 it raises :class:`~lips_flwr._extras.MissingExtraError`, one line naming the

@@ -30,7 +30,7 @@ NUMBERS = ("seeds", "endpoint_a", "endpoint_b", "differences", "diff_mean", "ci9
 def compare(app: Path, out: Path, *extra: str, seeds: str = "1000,1001") -> subprocess.CompletedProcess:
     """``lips-flwr compare`` as a user runs it (the module form: this checkout, not an installed script)."""
     return subprocess.run(
-        [sys.executable, "-m", "lips_flwr.experiments.cli", "compare", str(app), "--seeds", seeds,
+        [sys.executable, "-m", "lips_flwr.experiments.compare.cli", "compare", str(app), "--seeds", seeds,
          "--num-supernodes", "3", "--engine", "sequential", "--jobs", "2", "--out", str(out), *extra],
         capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT), "FLWR_TELEMETRY_ENABLED": "0"})

@@ -59,7 +59,7 @@ def app(tmp_path) -> Path:
 
 
 def command(app: Path, out: Path, jobs: int) -> list[str]:
-    return [sys.executable, "-m", "lips_flwr.experiments.cli", "compare", str(app), "--seeds", "1000",
+    return [sys.executable, "-m", "lips_flwr.experiments.compare.cli", "compare", str(app), "--seeds", "1000",
             "--num-supernodes", "2", "--engine", "sequential", "--jobs", str(jobs), "--out", str(out),
             "--run-config", f"data-path='{app.parent / 'sequences.npz'}'"]
 

@@ -12,6 +12,8 @@
   the adapters use the other two, which know neither the adapters nor each
   other, and only the reply wing reads reply headers; one codec per API
   (``codecs.py``) converts models, and no adapter has conversion hooks;
+- the experiments wing is in rooms, ``compare`` -> ``runner`` -> ``batched``, each
+  importing only the rooms below it, with no circle of imports;
 - each part of the server side (its three wings and its top-level modules)
   keeps to a line budget, at most 10% over the figure measured when it was
   set; no class of the server side is over 200 lines, and no object rewrites
@@ -210,6 +212,71 @@ def test_no_class_of_the_server_side_is_over_200_lines(path):
     sizes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(path.read_text()))
              if isinstance(n, ast.ClassDef)}
     assert {name: size for name, size in sizes.items() if size > 200} == {}
+
+
+# The experiments wing's rooms, top down (issue 38): `lips-flwr compare` on the runner, the runner on the
+# batched engine. A room imports only rooms below it; the wing's top-level modules and models/, data/ (the
+# paper's parts, and what every room shares) import none of the three.
+EXPERIMENT_ROOMS = ("compare", "runner", "batched")
+
+
+@pytest.mark.parametrize("path", modules("experiments"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_experiments_rooms_import_only_the_rooms_below_them(path):
+    parts = path.relative_to(PACKAGE / "experiments").parts
+    own = parts[0] if len(parts) > 1 and parts[0] in EXPERIMENT_ROOMS else None
+    above = EXPERIMENT_ROOMS[: EXPERIMENT_ROOMS.index(own)] if own else EXPERIMENT_ROOMS
+    assert imports_any(path, tuple(f"lips_flwr.experiments.{room}" for room in above)) == []
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the modules among ``paths`` it imports (a name imported from a module counts as that module)."""
+    names = {module_name(path): path for path in paths}
+    graph = {}
+    for name, path in names.items():
+        found = set()
+        for imported_name in imported(path):
+            while imported_name and imported_name not in names:
+                imported_name = imported_name.rpartition(".")[0]
+            if imported_name and imported_name != name:
+                found.add(imported_name)
+        graph[name] = found
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``, each as the modules on it from where the search entered it."""
+    found, done = [], set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            found.append(trail[trail.index(name):])
+        elif name not in done:
+            for other in sorted(graph.get(name, ())):
+                visit(other, [*trail, name])
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    return found
+
+
+def test_no_module_of_the_experiments_imports_its_importer():
+    """No circle of imports in the wing: before issue 38, compare <-> its report and sweep <-> worker."""
+    assert circles(import_graph(modules("experiments"))) == []
+
+
+def test_circles_are_found_however_long():
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    report = PACKAGE / "experiments" / "compare" / "report.py"
+    graph = import_graph(modules("experiments"))
+    assert "lips_flwr.experiments.compare.comparison" in graph[module_name(report)]
 
 
 def test_no_object_rewrites_its_own_class():

@@ -78,6 +78,15 @@ def test_the_command_without_torch_is_one_line_and_exit_2():
                            'pip install "lips-flwr[examples]"\n')
 
 
+def test_the_command_without_scipy_is_one_line_and_exit_2():
+    """The compare room needs scipy at import (its paired tests): the launcher names the extra."""
+    done = python_without(["scipy"], "from lips_flwr._extras import main\n"
+                                     "sys.exit(main(['compare', 'app', '--seeds', '1', '--out', 'out']))")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ('lips-flwr: lips-flwr compare needs scipy, which is not installed: '
+                           'pip install "lips-flwr[examples]"\n')
+
+
 def test_the_command_is_the_launcher():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"lips-flwr": "lips_flwr._extras:main"}

@@ -72,9 +72,9 @@ from .runs import (
 )
 from .stall import StallWatch, stalled_failure
 from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty, staged_identity
+from .worker import NO_LIPS, STOPPED_EXIT, run_process
 
 Progress = Callable[[str], None]
-STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 class SweepFailed(RuntimeError):
@@ -307,8 +307,6 @@ def app_failure(event: tuple | None) -> bool:
     traceback, ``detail``, names its class by module): every other run of
     the sweep would meet it too, so they need not run on.
     """
-    from .worker import NO_LIPS
-
     if event is None or event[0] != "failed":
         return False
     error, detail = str(event[1]), str(event[2])
@@ -337,8 +335,6 @@ def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
     starts: a sweep that stops early leaves none for runs it never started.
     A run silent for over ``stall_timeout`` seconds fails (:mod:`.stall`).
     """
-    from .worker import run_process
-
     context = multiprocessing.get_context("spawn")
     queue, board = list(jobs), _Board(jobs, progress)
     threads = max(1, available_cores() // max(1, min(parallel, len(jobs))))

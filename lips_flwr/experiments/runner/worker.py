@@ -20,7 +20,7 @@ threads the sweep set in its environment (:func:`_settle_in`).
 
 A run that fails (an exception, ``SystemExit`` included) sends its error and
 the first client error, and removes its staging folder; a signal or a
-Ctrl-C (exit status :data:`~.sweep.STOPPED_EXIT`) leaves the folder for a
+Ctrl-C (exit status :data:`STOPPED_EXIT`) leaves the folder for a
 later sweep to resume.
 """
 
@@ -52,12 +52,12 @@ from .resume import ClientContexts
 from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
 from .stall import heartbeat
 from .store import write_result
-from .sweep import STOPPED_EXIT
 
 if TYPE_CHECKING:
     from ...strategies.options import Forcing
 
 SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
+STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 def _die_with_parent(parent: int) -> None:

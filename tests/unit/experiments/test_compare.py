@@ -16,8 +16,7 @@ pytest.importorskip("scipy")
 from runner_apps import make_app  # noqa: E402
 
 from lips_flwr.errors import ConfigError  # noqa: E402
-from lips_flwr.experiments import cli  # noqa: E402
-from lips_flwr.experiments.compare import Comparison, default_goal, default_metric, summarize  # noqa: E402
+from lips_flwr.experiments.compare import Comparison, cli, default_goal, default_metric, summarize  # noqa: E402
 from lips_flwr.experiments.runner.provenance import provenance  # noqa: E402
 from lips_flwr.experiments.runner.store import read_result, write_result  # noqa: E402
 from lips_flwr.experiments.stats import paired, verdict  # noqa: E402
@@ -79,7 +78,7 @@ def test_the_endpoint_is_the_mean_of_the_last_k_evaluated_rounds_and_b_minus_a_i
 def test_a_lower_is_better_metric_turns_the_verdict_and_goal_overrides_the_default(tmp_path):
     """``--metric loss`` where B's loss is higher on every seed read "supported" under "Does it help?"."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import write_report
+    from lips_flwr.experiments.compare.report import write_report
 
     a = {1: [0.5, 0.6], 2: [0.5, 0.7], 3: [0.5, 0.8]}
     b = {1: [0.5, 0.5], 2: [0.5, 0.59], 3: [0.5, 0.71]}  # B's accuracy lower, so its loss (1 - acc) higher
@@ -123,7 +122,7 @@ def test_one_seed_gets_no_test_and_bad_requests_clear_errors(tmp_path):
 def test_identical_differences_get_no_t_test_and_the_report_says_so(tmp_path):
     """Zero variance gave p_t = 0 and a CI [m, m]: "supported" from two seeds."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import write_report
+    from lips_flwr.experiments.compare.report import write_report
 
     a = {1: [0.5, 0.5], 2: [0.25, 0.25]}
     b = {1: [0.5, 0.625], 2: [0.25, 0.375]}  # B - A = +0.125 on both seeds (exact in binary)
@@ -142,7 +141,7 @@ def test_identical_differences_get_no_t_test_and_the_report_says_so(tmp_path):
 
 def test_the_report_says_when_paired_runs_ran_in_different_environments(tmp_path):
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import write_report
+    from lips_flwr.experiments.compare.report import write_report
 
     a = {1: [0.5, 0.6], 2: [0.5, 0.61]}
     b = {1: [0.5, 0.62], 2: [0.5, 0.6]}
@@ -245,7 +244,7 @@ def test_a_run_with_no_aggregate_in_most_rounds_fails_with_the_strategys_reasons
 
 def test_summary_and_report_flag_each_round_that_did_not_move_the_model(tmp_path):
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import write_report
+    from lips_flwr.experiments.compare.report import write_report
 
     steps = {"first.weight": [0.1, 0.0, 0.1], "mid.weight": [0.1, 0.0, 0.1], "last.weight": [0.1, 0.0, 0.1]}
     results = write_runs(tmp_path, {1: [0.5, 0.6, 0.7]}, {1: [0.5, 0.6, 0.8]}, steps=steps)
@@ -262,8 +261,8 @@ def test_every_output_file_is_written_through_a_temporary_file(tmp_path, monkeyp
     """report.md was written in place: a crash mid-write left half a report."""
     pytest.importorskip("matplotlib")
     from lips_flwr.experiments import results as results_module
-    from lips_flwr.experiments.compare_out import OUTPUTS
-    from lips_flwr.experiments.compare_report import write_report
+    from lips_flwr.experiments.compare.out import OUTPUTS
+    from lips_flwr.experiments.compare.report import write_report
 
     written = []
     real = results_module.write_atomic
@@ -309,7 +308,7 @@ def test_a_sweep_that_replaces_runs_removes_the_old_report_first(tmp_path, capsy
 
 
 def _no_access(monkeypatch, denied: str):
-    from lips_flwr.experiments import compare_out
+    from lips_flwr.experiments.compare import out as compare_out
 
     real = compare_out.os.access
     monkeypatch.setattr(compare_out.os, "access",
@@ -408,7 +407,7 @@ def test_ctrl_c_says_how_to_continue_and_exits_130(tmp_path, capsys, monkeypatch
 def test_the_report_shows_each_arms_mask_rounds_tau_and_masked_fraction_per_layer_group(tmp_path):
     """Neither report.md nor the curves said when arm B masked, how much, or in which layers."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import mark_mask_rounds, write_report
+    from lips_flwr.experiments.compare.report import mark_mask_rounds, write_report
 
     results = write_runs(tmp_path, {1: [0.5] * 6, 2: [0.5] * 6}, {1: [0.5] * 6, 2: [0.6] * 6})
     for seed in (1, 2):  # arm B masked in rounds 1 and 6 (every=5, tau0=0.5 decaying), as the runner records
@@ -447,7 +446,7 @@ def test_the_committed_quick_comparison_still_reads_with_its_mask_rounds():
     """Result files written before the runner kept the strategy's metrics: their app records tell."""
     from unit_paths import REPO
 
-    from lips_flwr.experiments.compare_report import report_text
+    from lips_flwr.experiments.compare.report import report_text
 
     folder = REPO / "docs" / "results" / "compare-quick"
     written = json.loads((folder / "summary.json").read_text())
@@ -470,7 +469,7 @@ def test_the_committed_quick_comparison_still_reads_with_its_mask_rounds():
 def test_the_report_reads_right_to_a_newcomer(tmp_path, monkeypatch):
     """The title was the folder's name, the 2-seed CI a bare interval, the inertia line said no numbers."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments import compare_report
+    from lips_flwr.experiments.compare import report as compare_report
 
     results = write_runs(tmp_path, {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.7], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.71]},
                          {1: [0.5, 0.6, 0.6, 0.7, 0.7, 0.9], 2: [0.5, 0.6, 0.6, 0.7, 0.7, 0.72]})
@@ -501,7 +500,7 @@ def test_the_report_reads_right_to_a_newcomer(tmp_path, monkeypatch):
 def test_round_ticks_are_integers(tmp_path, monkeypatch):
     """Two rounds got ticks at 1.0, 1.2, ... 2.0."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments import compare_report
+    from lips_flwr.experiments.compare import report as compare_report
 
     steps = {"first.weight": [0.1, 0.1], "mid.weight": [0.1, 0.1], "last.weight": [0.1, 0.1]}
     results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.7]}, {1: [0.5, 0.7], 2: [0.5, 0.8]},
@@ -521,7 +520,7 @@ def test_round_ticks_are_integers(tmp_path, monkeypatch):
 def test_the_serverapps_own_evaluation_is_a_metric_too_and_the_report_says_so(tmp_path):
     """An app that measures accuracy with evaluate_fn: --metric accuracy failed, after every run."""
     pytest.importorskip("matplotlib")
-    from lips_flwr.experiments.compare_report import report_text
+    from lips_flwr.experiments.compare.report import report_text
 
     results = write_runs(tmp_path, {1: [0.5, 0.6], 2: [0.5, 0.6]}, {1: [0.5, 0.6], 2: [0.5, 0.6]})
     for name, result in list(results.items()):
@@ -570,7 +569,7 @@ def test_the_python_api_takes_the_node_count_flwr_run_would_use(tmp_path, monkey
 
 def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path):
     """It checked the lowest node's first reply's keys only, and refused what summarize would read."""
-    from lips_flwr.experiments.compare_metric import MetricWatch
+    from lips_flwr.experiments.compare.metric import MetricWatch
 
     partial = observed([0.5], keys=("loss", "acc", "n"))
     partial["rounds"]["1"]["evaluate"]["metrics"]["rare"] = 0.25  # (another client's reply has it)

@@ -95,7 +95,7 @@ def test_a_bad_count_names_its_file(tmp_path, flwr_home, bad):
 @pytest.mark.slow
 def test_compare_prints_the_count_and_its_source_and_the_summary_records_both(tmp_path, flwr_home, capsys):
     pytest.importorskip("matplotlib")  # (the command asks for its extras first)
-    from lips_flwr.experiments import cli
+    from lips_flwr.experiments.compare import cli
 
     (flwr_home / "config.toml").write_text(USER_CONFIG.format(nodes=3))
     app = make_app(tmp_path / "app", lips=True, rounds=2)

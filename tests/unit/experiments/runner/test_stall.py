@@ -76,7 +76,7 @@ def test_the_watch_names_the_runs_silent_too_long_and_a_heartbeat_is_throttled()
 
 
 def test_compare_takes_a_stall_timeout_of_a_few_minutes_by_default_and_0_for_none():
-    from lips_flwr.experiments import cli
+    from lips_flwr.experiments.compare import cli
     from lips_flwr.experiments.runner.stall import DEFAULT_STALL_TIMEOUT
 
     def parsed(*extra: str):

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .compare import Comparison, evaluate_series, layer_groups, relative_steps
-from .compare_lips import lips_lines
-from .results import write_bytes_atomic, write_json_atomic
-from .runner.runs import run_name
-from .runner.store import Result
+from ..results import write_bytes_atomic, write_json_atomic
+from ..runner.runs import run_name
+from ..runner.store import Result
+from .comparison import Comparison, layer_groups, relative_steps
+from .lips import lips_lines
+from .metric import evaluate_series
 
 
 def _overrides(values: dict[str, Any]) -> str:

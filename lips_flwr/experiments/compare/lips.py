@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .runner.runs import run_name
-from .runner.store import Result
+from ..runner.runs import run_name
+from ..runner.store import Result
 
 GROUPS = ("first", "middle", "last")
 

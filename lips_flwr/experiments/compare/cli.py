@@ -19,7 +19,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .runner.stall import DEFAULT_STALL_TIMEOUT
+from ..runner.stall import DEFAULT_STALL_TIMEOUT
 
 STOPPED_EXIT = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
@@ -121,11 +121,11 @@ def _say(text: str) -> None:
 
 def compare_main(args: argparse.Namespace) -> int:
     """Run ``compare``; every failure ends with one ``lips-flwr compare: ...`` line (see the module)."""
-    from .compare import Comparison, run_compare
-    from .runner.apps import parse_overrides
-    from .runner.federation import node_count
-    from .runner.sweep import SweepFailed
-    from .runner.worker import NO_LIPS
+    from ..runner.apps import parse_overrides
+    from ..runner.federation import node_count
+    from ..runner.sweep import SweepFailed
+    from ..runner.worker import NO_LIPS
+    from . import Comparison, run_compare
 
     try:
         common, federation = parse_overrides(args.run_config)

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .runner.store import Result
+from ...errors import ConfigError
+from ..runner.store import Result
 
 SOURCES = ("clients", "server")
 PART = {"clients": "evaluate", "server": "server_evaluate"}  # where a source's metrics are in a round

@@ -27,10 +27,10 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ConfigError, ResultFileError
-from .runner.runs import PreparedRun, RunSpec, prepare
-from .runner.store import read_result
-from .runner.sweep import plan
+from ...errors import ConfigError, ResultFileError
+from ..runner.runs import PreparedRun, RunSpec, prepare
+from ..runner.store import read_result
+from ..runner.sweep import plan
 
 Progress = Callable[[str], None]
 OUTPUTS = ("summary.json", "report.md", "curves.png", "inertia.png")  # what compare writes beside runs/
