@@ -26,6 +26,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from ..._npy import NUMPY_SERIALIZATION, read_npy
+from ..._records import record_of
 
 
 class ViewedArray(Array):
@@ -69,10 +70,8 @@ class ViewedArray(Array):
 def viewed_record(record: ArrayRecord) -> ArrayRecord:
     """A new ArrayRecord of shallow copies of ``record``'s Arrays (their fields, over the same bytes):
     :class:`ViewedArray` copies of plain ``Array``s, ``copy.copy`` of any subclass's."""
-    out = ArrayRecord()
-    for name, array in record.items():
-        out[name] = ViewedArray.copy_of(array) if type(array) is Array else copy.copy(array)
-    return out
+    return record_of({name: ViewedArray.copy_of(array) if type(array) is Array else copy.copy(array)
+                      for name, array in record.items()})
 
 
 def view_records(content: RecordDict) -> None:
