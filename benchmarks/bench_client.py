@@ -84,7 +84,7 @@ class Setup:
     def train_arrays(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.train == "trivial":
             return {k: v + self.bump[k] if k in self.bump else v for k, v in arrays.items()}
-        from lips_flwr.experiments.training import train_tensors  # noqa: PLC0415
+        from lips_flwr.experiments.task.training import train_tensors  # noqa: PLC0415
 
         self.net.load_state_dict(OrderedDict((k, torch.from_numpy(np.array(v))) for k, v in arrays.items()))
         train_tensors(self.net, self.x, self.y, epochs=1, batch_size=100, lr=0.1)

@@ -48,7 +48,7 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 
-    from lips_flwr.experiments import training
+    from lips_flwr.experiments.task import training
     from lips_flwr.experiments.batched import rendezvous
     from lips_flwr.experiments.batched import run_batched
 

@@ -113,7 +113,7 @@ def synthetic_dataset():
     """CIFAR-100-shaped random images (uint8, 3x32x32), 100 per class for training, 20 for testing."""
     import numpy as np
 
-    from lips_flwr.experiments.data import ImageDataset
+    from lips_flwr.experiments.task.data import ImageDataset
 
     rng = np.random.default_rng(20240601)
     classes, n_train, n_test = 100, 10_000, 2_000
@@ -127,7 +127,7 @@ def synthetic_dataset():
 
 def loader(synthetic: bool):
     """``load_dataset``, or one that gives :func:`synthetic_dataset` for ``SYNTHETIC``."""
-    from lips_flwr.experiments.data import load_dataset
+    from lips_flwr.experiments.task.data import load_dataset
 
     if not synthetic:
         return load_dataset
@@ -166,7 +166,7 @@ def child_batched(spec: dict) -> dict:
     import lips_paper.server_app as server_app
     import torch
 
-    from lips_flwr.experiments import training
+    from lips_flwr.experiments.task import training
     from lips_flwr.experiments.batched import grid as batched_grid
     from lips_flwr.experiments.batched import rendezvous, run_batched
 
@@ -219,9 +219,9 @@ def child_floor(spec: dict) -> dict:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
 
-    from lips_flwr.experiments.data import DATASET_INFO, client_split
-    from lips_flwr.experiments.models import build_model
-    from lips_flwr.experiments.training import evaluate_tensors, train_tensors
+    from lips_flwr.experiments.task.data import DATASET_INFO, client_split
+    from lips_flwr.experiments.task.models import build_model
+    from lips_flwr.experiments.task.training import evaluate_tensors, train_tensors
 
     # The ClientApp's process-wide settings.
     torch.set_num_threads(1)
@@ -449,8 +449,8 @@ def flops_per_round(w: dict) -> dict:
     from torch.nn import functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from lips_flwr.experiments.data import DATASET_INFO
-    from lips_flwr.experiments.models import build_model
+    from lips_flwr.experiments.task.data import DATASET_INFO
+    from lips_flwr.experiments.task.models import build_model
 
     cfg = run_config(w["values"])
     classes, channels = DATASET_INFO[str(cfg["dataset"])]

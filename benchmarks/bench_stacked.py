@@ -3,7 +3,7 @@
 Each workload is run both ways on fresh copies of the same nets, the two
 interleaved round-robin (the order alternates every repetition):
 
-- ``sequential``: :func:`~lips_flwr.experiments.training.train_tensors` (or
+- ``sequential``: :func:`~lips_flwr.experiments.task.training.train_tensors` (or
   ``evaluate_tensors``) client after client;
 - ``stacked``: :func:`~lips_flwr.experiments.batched.stacked.train_stacked`
   (or ``evaluate_stacked``) on all the clients at once.
@@ -42,9 +42,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the repo
 
-from lips_flwr.experiments.models import FashionCNN, ResNet8  # noqa: E402
+from lips_flwr.experiments.task.models import FashionCNN, ResNet8  # noqa: E402
 from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked  # noqa: E402
-from lips_flwr.experiments.training import evaluate_tensors, train_tensors  # noqa: E402
+from lips_flwr.experiments.task.training import evaluate_tensors, train_tensors  # noqa: E402
 
 Data = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -31,7 +31,7 @@ MB = 1024 * 1024
 def torch_model(name: str):
     """``"resnet8"``: the paper's ResNet8 (1.26M); ``"resnet18"``: torchvision's (11.2M)."""
     if name == "resnet8":
-        from lips_flwr.experiments.models import ResNet8
+        from lips_flwr.experiments.task.models import ResNet8
 
         return ResNet8(num_classes=100)
     if name == "resnet18":

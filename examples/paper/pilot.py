@@ -56,8 +56,8 @@ SEEDS = (2000, 2001)
 def weight_layers(model: str, dataset: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(every weight layer in the model's order, the middle ones LIPS masks) of ``model`` for ``dataset``."""
     from lips_flwr.core.layers import candidate_names, select_layers
-    from lips_flwr.experiments.data import DATASET_INFO
-    from lips_flwr.experiments.models import build_model
+    from lips_flwr.experiments.task.data import DATASET_INFO
+    from lips_flwr.experiments.task.models import build_model
 
     classes, channels = DATASET_INFO[dataset]
     state = {k: v.numpy() for k, v in build_model(model, classes, channels).state_dict().items()}

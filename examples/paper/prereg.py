@@ -166,8 +166,8 @@ def layer_groups(conf_name: str) -> tuple[list[str], list[str]]:
     import torch  # noqa: F401 - the model is built to read its layer names only
 
     from lips_flwr.core.layers import select_layers
-    from lips_flwr.experiments.data import DATASET_INFO
-    from lips_flwr.experiments.models import build_model
+    from lips_flwr.experiments.task.data import DATASET_INFO
+    from lips_flwr.experiments.task.models import build_model
 
     conf, _ = load_conf(conf_name)
     classes, channels = DATASET_INFO[conf["dataset"]]

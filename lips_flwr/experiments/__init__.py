@@ -1,8 +1,8 @@
 """What the examples and benchmarks share, not needed to use LIPS in a Flower project.
 
-:mod:`.data` (the paper's low-data Dirichlet split and dataset loaders),
-:mod:`.models` (VGG6, ResNet8/10, small CNNs), :mod:`.training` (train and
-evaluate loops), :mod:`.results` (atomic JSON results files),
+:mod:`.task` (the learning task: the paper's low-data Dirichlet split and
+dataset loaders, VGG6, ResNet8/10 and small CNNs, the train and evaluate
+loops), :mod:`.results` (atomic JSON results files),
 :mod:`.local_flower` (process tooling: ``flwr run`` on a private local
 SuperLink, stopped by pid), :mod:`.seeding` (seeds for the process-wide
 generators), and :mod:`.batched`, the batched simulation engine (a Flower

@@ -12,7 +12,7 @@
   the adapters use the other two, which know neither the adapters nor each
   other, and only the reply wing reads reply headers; one codec per API
   (``codecs.py``) converts models, and no adapter has conversion hooks;
-- the experiments wing is in rooms, ``compare`` -> ``runner`` -> ``batched``, each
+- the experiments wing is in rooms, ``compare`` -> ``runner`` -> ``batched`` -> ``task``, each
   importing only the rooms below it, with no circle of imports;
 - each part of the server side (its three wings and its top-level modules)
   keeps to a line budget, at most 10% over the figure measured when it was
@@ -215,9 +215,9 @@ def test_no_class_of_the_server_side_is_over_200_lines(path):
 
 
 # The experiments wing's rooms, top down (issue 38): `lips-flwr compare` on the runner, the runner on the
-# batched engine. A room imports only rooms below it; the wing's top-level modules and models/, data/ (the
-# paper's parts, and what every room shares) import none of the three.
-EXPERIMENT_ROOMS = ("compare", "runner", "batched")
+# batched engine, the engine on the learning task (data, models, training). A room imports only rooms below
+# it; the wing's top-level modules (what every room shares) import none of them.
+EXPERIMENT_ROOMS = ("compare", "runner", "batched", "task")
 
 
 @pytest.mark.parametrize("path", modules("experiments"), ids=lambda p: str(p.relative_to(PACKAGE)))

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod
-from lips_flwr.experiments.models import ResNet8
-from lips_flwr.experiments.training import SEQUENTIAL, local_compute
+from lips_flwr.experiments.task.models import ResNet8
+from lips_flwr.experiments.task.training import SEQUENTIAL, local_compute
 
 app = ClientApp(mods=[fedbn_mod, lips_mod])
 

@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDic
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from lips_flwr.experiments.models import ResNet8
+from lips_flwr.experiments.task.models import ResNet8
 from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LIPS
 

@@ -32,10 +32,10 @@ from flwr.clientapp import ClientApp
 
 from lips_flwr._records import numpy_to_record, record_to_numpy
 from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
-from lips_flwr.experiments.data import DATASET_INFO, client_split, load_dataset
+from lips_flwr.experiments.task.data import DATASET_INFO, client_split, load_dataset
 from lips_flwr.core.layers import select_layers
-from lips_flwr.experiments.models import build_model
-from lips_flwr.experiments.training import SEQUENTIAL, add_dropout, local_compute
+from lips_flwr.experiments.task.models import build_model
+from lips_flwr.experiments.task.training import SEQUENTIAL, add_dropout, local_compute
 from lips_paper.algorithms import algorithm
 
 torch.set_num_threads(1)  # many simulated clients share the CPU cores (and one thread sums alike)

@@ -25,9 +25,9 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.persistence.checkpoint import resume_option
-from lips_flwr.experiments.data import DATASET_INFO
+from lips_flwr.experiments.task.data import DATASET_INFO
 from lips_flwr.core.layers import select_layers
-from lips_flwr.experiments.models import build_model
+from lips_flwr.experiments.task.models import build_model
 from lips_flwr._records import record_to_numpy
 from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LIPS

@@ -10,10 +10,10 @@ from flwr.app import Context
 from flwr.client import ClientApp, NumPyClient
 
 from lips_flwr.clients import LIPSNumPyClient
-from lips_flwr.experiments.data import load_digits_client
-from lips_flwr.experiments.models import DigitsCNN
-from lips_flwr.experiments.training import evaluate as evaluate_model
-from lips_flwr.experiments.training import train
+from lips_flwr.experiments.task.data import load_digits_client
+from lips_flwr.experiments.task.models import DigitsCNN
+from lips_flwr.experiments.task.training import evaluate as evaluate_model
+from lips_flwr.experiments.task.training import train
 
 torch.set_num_threads(1)  # many clients share the CPU cores
 

@@ -8,7 +8,7 @@ from flwr.common import Metrics, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
-from lips_flwr.experiments.models import DigitsCNN
+from lips_flwr.experiments.task.models import DigitsCNN
 from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LegacyLIPS
 

@@ -13,9 +13,9 @@ import torch
 from flwr.clientapp import ClientApp
 
 from lips_flwr.clients import fedbn_mod, lips_mod, persistent_state_mod
-from lips_flwr.experiments.data import load_digits_client
-from lips_flwr.experiments.models import DigitsCNN
-from lips_flwr.experiments.training import evaluate, train
+from lips_flwr.experiments.task.data import load_digits_client
+from lips_flwr.experiments.task.models import DigitsCNN
+from lips_flwr.experiments.task.training import evaluate, train
 
 torch.set_num_threads(1)  # many clients share the CPU cores
 

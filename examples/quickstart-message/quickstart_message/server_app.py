@@ -8,7 +8,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from lips_flwr.persistence.checkpoint import resume_option
-from lips_flwr.experiments.models import DigitsCNN
+from lips_flwr.experiments.task.models import DigitsCNN
 from lips_flwr.experiments.results import write_json_atomic
 from lips_flwr.strategies import LIPS
 

@@ -18,7 +18,7 @@ What it changes is where the clients' training and evaluation run:
 - ``"sequential"``: one client after another, as the ClientApp would run
   them (the fastest on a few CPU cores).
 - ``"stacked"``: every client of the round in its own thread up to the
-  ClientApp's call of :func:`~lips_flwr.experiments.training.local_compute`;
+  ClientApp's call of :func:`~lips_flwr.experiments.task.training.local_compute`;
   the calls are gathered and run at once, the clients' models stacked
   (:mod:`.stacked`), in chunks of ``chunk_size`` clients. A chunk
   that does not fit in GPU memory is halved until it does. Only calls whose
@@ -89,7 +89,7 @@ from lips_flwr.experiments.batched.calls import (
 )
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
-from lips_flwr.experiments.training import computing_with
+from lips_flwr.experiments.task.training import computing_with
 
 Run = _grid_module.Run  # flwr moved ``Run`` between releases; the Grid's own module always has it
 

@@ -49,7 +49,7 @@ from torch import nn
 
 from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference, model_signature
 from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
-from lips_flwr.experiments.training import evaluate_tensors, train_tensors
+from lips_flwr.experiments.task.training import evaluate_tensors, train_tensors
 
 T = TypeVar("T")
 

@@ -10,9 +10,9 @@ client ``i``'s loss). One ``torch.optim.SGD`` over the stacked tensors is
 elementwise, so it is every client's own fresh optimizer at once.
 
 :func:`train_stacked` does for each client what
-:func:`~lips_flwr.experiments.training.train_tensors` does (same batches, same
+:func:`~lips_flwr.experiments.task.training.train_tensors` does (same batches, same
 augmentations: each client's generator is drawn from in the same order) and
-:func:`evaluate_stacked` what :func:`~lips_flwr.experiments.training.evaluate_tensors`
+:func:`evaluate_stacked` what :func:`~lips_flwr.experiments.task.training.evaluate_tensors`
 does, up to floating-point rounding (vmap batches the convolutions
 differently). In float64 the two agree to ~1e-12; in float32 usually to
 ~1e-7, but training on few samples is chaotic: a rounding-sized difference
@@ -24,7 +24,7 @@ place in the stacked buffers, one count per step, as in the sequential loop
 
 The nets must train alike (:mod:`.signature`: the same classes and
 settings, modes, ``requires_grad``, and alike forward hooks): the template's
-hooks (e.g. :func:`~lips_flwr.experiments.training.add_dropout`'s, alike on
+hooks (e.g. :func:`~lips_flwr.experiments.task.training.add_dropout`'s, alike on
 every net) are applied to every client's slice, as each net's own would be;
 a parameter frozen in every net stays frozen. Dropout runs
 under ``randomness="different"``: each client draws its own masks from the
@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from ..training import augment
+from ..task.training import augment
 from .signature import alone_reason, difference, model_signature
 
 Stacked = dict[str, Tensor]

@@ -233,7 +233,7 @@ def _dropout_client():
     import torch
     from flwr.app import ArrayRecord
 
-    from lips_flwr.experiments.models import build_model
+    from lips_flwr.experiments.task.models import build_model
 
     client_app = paper_module("client_app")
     defaults = tomllib.loads((PAPER / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

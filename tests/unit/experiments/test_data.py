@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from lips_flwr.experiments.data import class_proportions, client_split, load_dataset, low_data_indices, read_idx
-from lips_flwr.experiments.data import datasets as ds
+from lips_flwr.experiments.task.data import class_proportions, client_split, load_dataset, low_data_indices, read_idx
+from lips_flwr.experiments.task.data import datasets as ds
 
 LABELS = np.repeat(np.arange(10), 500)  # 5000 examples, 10 balanced classes
 TEST_LABELS = np.repeat(np.arange(10), 100)
@@ -68,7 +68,7 @@ def test_bad_arguments(kwargs, match):
 
 def test_flwr_datasets_partitioner():
     datasets = pytest.importorskip("datasets")
-    from lips_flwr.experiments.data.partitioner import LowDataDirichletPartitioner
+    from lips_flwr.experiments.task.data.partitioner import LowDataDirichletPartitioner
 
     data = datasets.Dataset.from_dict({"x": np.arange(LABELS.size), "label": LABELS})
     train = LowDataDirichletPartitioner(8, samples=50, alpha=0.1, seed=1)

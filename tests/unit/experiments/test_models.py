@@ -1,4 +1,4 @@
-"""Unit tests for lips_flwr.experiments.models: shapes, sizes and LIPS layer selection."""
+"""Unit tests for lips_flwr.experiments.task.models: shapes, sizes and LIPS layer selection."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lips_flwr.core.layers import select_layers
-from lips_flwr.experiments.models import (
+from lips_flwr.experiments.task.models import (
     MODEL_NAMES,
     DigitsCNN,
     FashionCNN,

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lips_flwr.experiments.data import load_digits_client
+from lips_flwr.experiments.task.data import load_digits_client
 from lips_flwr.core.layers import select_layers
-from lips_flwr.experiments.models import DigitsCNN
+from lips_flwr.experiments.task.models import DigitsCNN
 from lips_flwr.experiments.results import write_json_atomic
-from lips_flwr.experiments.training import evaluate, train
+from lips_flwr.experiments.task.training import evaluate, train
 
 
 def labels(dataset) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_a_results_write_removes_what_a_killed_writer_left(tmp_path):
 
 
 def test_weight_decay_only_on_named_parameters():
-    from lips_flwr.experiments.training import train_tensors
+    from lips_flwr.experiments.task.training import train_tensors
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
@@ -94,7 +94,7 @@ def test_weight_decay_only_on_named_parameters():
 
 
 def test_dropout_hooks_act_in_training_only():
-    from lips_flwr.experiments.training import add_dropout
+    from lips_flwr.experiments.task.training import add_dropout
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(50, 50), torch.nn.Linear(50, 2))

@@ -19,7 +19,7 @@ from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import rendezvous as rendezvous_module
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
-from lips_flwr.experiments.training import SEQUENTIAL, computing_with, local_compute
+from lips_flwr.experiments.task.training import SEQUENTIAL, computing_with, local_compute
 from watchdog import finishes
 
 PAPER = Path(__file__).resolve().parents[4] / "examples" / "paper"
@@ -182,8 +182,8 @@ def test_gathered_calls_run_in_the_clients_order_whatever_order_their_threads_ar
 def test_a_call_run_alone_draws_its_dropout_from_its_own_seed_whichever_thread_seeded_last():
     # A chunk of one (5 clients in chunks of 2, an out-of-memory remainder, the fallback) trains
     # on the leader thread: before, it drew from whatever the last client thread had seeded.
-    from lips_flwr.experiments.models import FashionCNN
-    from lips_flwr.experiments.training import add_dropout, train_tensors
+    from lips_flwr.experiments.task.models import FashionCNN
+    from lips_flwr.experiments.task.training import add_dropout, train_tensors
 
     torch.manual_seed(0)
     start = FashionCNN()
@@ -338,8 +338,8 @@ def round_one_messages(grid, cfg):
     """Round 1's train messages as the paper's ServerApp sends them (LIPS around FedAvg)."""
     from flwr.serverapp.strategy import FedAvg
 
-    from lips_flwr.experiments.data import DATASET_INFO
-    from lips_flwr.experiments.models import build_model
+    from lips_flwr.experiments.task.data import DATASET_INFO
+    from lips_flwr.experiments.task.models import build_model
     from lips_flwr.strategies import LIPS
 
     torch.manual_seed(int(cfg["seed"]))

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 import watchdog
 from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
-from lips_flwr.experiments.training import computing_with, local_compute
+from lips_flwr.experiments.task.training import computing_with, local_compute
 
 ENGINES = ["sequential", "stacked"]
 CLIENT_APP_RAISED_EXCEPTION, CLIENT_APP_CRASHED = 2, 8  # flwr.common.constant.ErrorCode

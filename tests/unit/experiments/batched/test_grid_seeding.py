@@ -14,7 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
-from lips_flwr.experiments.training import local_compute
+from lips_flwr.experiments.task.training import local_compute
 
 NODES = 3
 

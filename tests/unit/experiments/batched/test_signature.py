@@ -16,8 +16,8 @@ from flower_fakes import task_identity  # noqa: F401
 from lips_flwr.experiments.batched import BatchedGrid
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.batched.stacked import can_stack, train_stacked
-from lips_flwr.experiments.models import DigitsCNN
-from lips_flwr.experiments.training import computing_with, local_compute, train_tensors
+from lips_flwr.experiments.task.models import DigitsCNN
+from lips_flwr.experiments.task.training import computing_with, local_compute, train_tensors
 
 TOL = 1e-9  # float64, as the stacked tests' float64 cases
 KWARGS = {"epochs": 2, "lr": 0.1, "momentum": 0.9, "batch_size": 5}

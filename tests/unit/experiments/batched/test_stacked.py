@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from lips_flwr.experiments import training
+from lips_flwr.experiments.task import training
 from lips_flwr.experiments.batched import stacked as stacked_training
-from lips_flwr.experiments.models import VGG6, DigitsCNN, FashionCNN, ResNet8
+from lips_flwr.experiments.task.models import VGG6, DigitsCNN, FashionCNN, ResNet8
 from lips_flwr.experiments.batched.stacked import (
     can_stack,
     evaluate_stacked,
     train_stacked,
 )
-from lips_flwr.experiments.training import add_dropout, augment, evaluate_tensors, train_tensors
+from lips_flwr.experiments.task.training import add_dropout, augment, evaluate_tensors, train_tensors
 
 TOL = 1e-5
 SEEDS = [11, 22, 33]

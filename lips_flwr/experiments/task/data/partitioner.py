@@ -26,7 +26,7 @@ class LowDataDirichletPartitioner(Partitioner):
     ``(seed, partition_id)``; a partitioner with ``split="test"`` and the same
     ``seed``, ``alpha`` and ``num_partitions`` gives each partition the same
     class proportions (the paper's per-client test sets). See
-    :func:`lips_flwr.experiments.data.partition.low_data_indices`.
+    :func:`lips_flwr.experiments.task.data.partition.low_data_indices`.
 
     Parameters
     ----------

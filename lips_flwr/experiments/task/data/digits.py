@@ -2,7 +2,7 @@
 
 Each client gets exactly ``samples`` training samples and a ``test_size``
 test set, both drawn with the same class proportions ``q ~ Dir(alpha)``,
-seeded by ``(seed, partition_id)`` (see :mod:`lips_flwr.experiments.data.partition`).
+seeded by ``(seed, partition_id)`` (see :mod:`lips_flwr.experiments.task.data.partition`).
 """
 
 from __future__ import annotations

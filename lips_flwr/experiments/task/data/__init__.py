@@ -1,7 +1,7 @@
 """Federated datasets: the paper's low-data Dirichlet split and its loaders.
 
 ``LowDataDirichletPartitioner`` (flwr-datasets) lives in
-:mod:`lips_flwr.experiments.data.partitioner` so that importing this package does not
+:mod:`lips_flwr.experiments.task.data.partitioner` so that importing this package does not
 need flwr-datasets.
 """
 
