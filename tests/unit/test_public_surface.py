@@ -24,6 +24,8 @@ SURFACE = {
     "lips_flwr.strategies": ["LIPS", "LIPSFedAvg", "LegacyLIPS", "LegacyLIPSFedAvg", "forced_options"],
     "lips_flwr.clients": ["LIPSNumPyClient", "fedbn_mod", "lips_mod", "make_fedbn_mod",
                           "persistent_state_mod"],
+    "lips_flwr.experiments.compare": ["Comparison", "default_goal", "default_metric", "endpoint",
+                                      "evaluate_series", "run_compare", "summarize"],
     "lips_flwr.core": ["DECAYS", "LIPSCore", "MaskSchedule", "RoundOutcome", "SCORES", "batch_norm_names",
                        "candidate_names", "client_mask", "compute_score", "local_update", "mask_layers",
                        "mask_lowest", "num_zeros", "select_layers"],
@@ -78,13 +80,16 @@ def test_the_command_without_torch_is_one_line_and_exit_2():
                            'pip install "lips-flwr[examples]"\n')
 
 
-def test_the_command_without_scipy_is_one_line_and_exit_2():
-    """The compare room needs scipy at import (its paired tests): the launcher names the extra."""
-    done = python_without(["scipy"], "from lips_flwr._extras import main\n"
-                                     "sys.exit(main(['compare', 'app', '--seeds', '1', '--out', 'out']))")
+def test_the_command_without_scipy_or_matplotlib_names_both_in_one_line_and_exit_2():
+    """The compare room loads its summary (scipy's tests) on first use: the command starts without
+    them, names every missing extra, and its help needs none."""
+    command = "from lips_flwr._extras import main\nsys.exit(main({}))"
+    done = python_without(["scipy", "matplotlib"],
+                          command.format("['compare', 'app', '--seeds', '1', '--out', 'out']"))
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == ('lips-flwr: lips-flwr compare needs scipy, which is not installed: '
-                           'pip install "lips-flwr[examples]"\n')
+    assert done.stderr == 'lips-flwr compare needs scipy, matplotlib: pip install "lips-flwr[examples]"\n'
+    helped = python_without(["scipy", "matplotlib"], command.format("['compare', '--help']"))
+    assert helped.returncode == 0 and "--seeds" in helped.stdout, helped.stderr
 
 
 def test_the_command_is_the_launcher():

@@ -37,14 +37,20 @@ result files; nothing here imports its importer (tests/unit/test_architecture.py
 
 from __future__ import annotations
 
-from ..._extras import require
+import importlib
+from typing import Any
 
-require("lips-flwr compare", ["scipy"])  # (the paired tests; one line naming the extra, not a traceback)
+# The public names, each with the module of the room that defines it. They load on first use, so that
+# the command (cli.py) starts without the summary's scipy: cli.main names every missing extra in one
+# line, and `--help` works without them.
+_EXPORTS = {"Comparison": "comparison", "default_goal": "comparison", "default_metric": "metric",
+            "evaluate_series": "metric", "run_compare": "run", "endpoint": "summary", "summarize": "summary"}
 
-from .comparison import Comparison, default_goal  # noqa: E402
-from .metric import default_metric, evaluate_series  # noqa: E402
-from .run import run_compare  # noqa: E402
-from .summary import endpoint, summarize  # noqa: E402
 
-__all__ = ["Comparison", "default_goal", "default_metric", "endpoint", "evaluate_series", "run_compare",
-           "summarize"]
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+__all__ = sorted(_EXPORTS)

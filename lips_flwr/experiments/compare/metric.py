@@ -1,6 +1,6 @@
 """Which metric a comparison reads, from the clients' evaluation or the ServerApp's own, and its series.
 
-A run's result file holds two kinds of evaluate metrics (:mod:`.runner.observe`):
+A run's result file holds two kinds of evaluate metrics (:mod:`..runner.observe`):
 
 - the clients' (``rounds[r].evaluate.metrics``, averaged with ``num-examples``
   weights; ``evaluate_keys``: the lowest node's first reply's, in its order);

@@ -80,7 +80,8 @@ def remove_made(folders: list[Path]) -> None:
 
 
 def prepare_all(specs: list[RunSpec], runs: Path) -> list[PreparedRun]:
-    """:func:`~.runs.prepare` each spec; an app's unreadable ``pyproject.toml`` named with its error."""
+    """:func:`~..runner.runs.prepare` each spec; an app's unreadable ``pyproject.toml`` named with its
+    error."""
     out = []
     for spec in specs:
         try:

@@ -21,7 +21,7 @@ def run_compare(comparison: Comparison, out: str | Path, jobs: int | None = None
                 stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> dict:
     """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``.
 
-    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`.runner.stall`).
+    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`..runner.stall`).
     """
     out = Path(out).resolve()
     specs = comparison.specs()

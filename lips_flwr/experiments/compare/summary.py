@@ -28,7 +28,7 @@ def better_or_worse(test: dict, goal: str) -> str:
     ``"B better"`` when p < 0.05 and the 95% CI lies on the goal's side of 0
     (above it for ``max``, below for ``min``), ``"B worse"`` when it lies on the
     other side, else ``"no difference detected"``; no t-test (zero variance):
-    :data:`~.stats.NO_TEST_ZERO_VARIANCE`.
+    :data:`~..stats.NO_TEST_ZERO_VARIANCE`.
     """
     found = verdict(test, test["p_t"])
     if found == NO_TEST_ZERO_VARIANCE:
@@ -72,7 +72,8 @@ def _errors(results: dict[str, Result]) -> dict[str, dict[str, int]]:
 
 
 def _stalled(results: dict[str, Result]) -> dict[str, dict[str, list[int]]]:
-    """Per run with any, the rounds that did not move its global model (:func:`~.observe.stalled_rounds`)."""
+    """Per run with any, the rounds that did not move its global model
+    (:func:`~..runner.observe.stalled_rounds`)."""
     out = {}
     for name, result in results.items():
         found = stalled_rounds((result.observed or {}).get("rounds", {}))
