@@ -127,6 +127,7 @@ def test_a_damaged_staging_file_starts_the_run_again_at_round_1_naming_the_file(
     assert sorted(p.name for p in job.staging.iterdir()) == ["identity.json"]
 
 
+@pytest.mark.slow
 def test_observations_that_lack_a_round_the_checkpoint_holds_are_not_continued(stopped, tmp_path):
     import json
 
