@@ -158,3 +158,19 @@ def test_the_report_writes_its_files_with_provenance(tmp_path):
     assert (tmp_path / "out" / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| H1 | lips - fedbn | 6 |" in text and "## Set-backs" in text
+
+
+def test_the_committed_report_is_reproduced_from_its_18_result_files(tmp_path):
+    """report.json's numbers (issue 37: each hypothesis's mean, CI, t and sign-test p) recompute from
+    the committed result files, and the decision is drawn only because all 18 exist."""
+    pytest.importorskip("matplotlib")
+    committed = PAPER.parents[1] / "docs" / "results" / "resnet8"
+    assert len(list(committed.glob("*-seed300[0-5].json"))) == 18
+    record = resnet8.report(committed, tmp_path / "out")
+    saved = json.loads((committed / "report.json").read_text())
+    assert record["complete"] and saved["complete"] and saved["missing"] == []
+    for name in ("H1", "H2"):
+        for key in ("mean", "ci_low", "ci_high", "t", "p_t", "p_sign", "p_holm", "differences"):
+            assert saved["hypotheses"][name][key] == pytest.approx(record["hypotheses"][name][key]), (name, key)
+        assert saved["hypotheses"][name]["verdict"] == record["hypotheses"][name]["verdict"]
+    assert (committed / "report.md").read_text() == (tmp_path / "out" / "report.md").read_text()
