@@ -68,13 +68,17 @@ def find_superlinks(log_file: Path) -> list[int]:
     return found
 
 
-def _tree(roots: list[int]) -> dict[int, str]:
-    """Roots, their descendants, and members of their sessions -> start time."""
+def _tree(roots: list[int], leaders: frozenset[int] = frozenset()) -> dict[int, str]:
+    """Roots, their descendants, and members of their sessions -> start time.
+
+    ``leaders``: session ids whose members belong to the tree even when the
+    leader has exited (its orphans keep its session id).
+    """
     table = _proc_table()
     keep = {pid for pid in roots if pid in table}
     changed = True
     while changed:
-        sessions = set(keep)  # each of our processes may lead a session
+        sessions = keep | leaders  # each of our processes may lead a session
         new = {
             pid
             for pid, (ppid, sid, _) in table.items()
@@ -124,17 +128,28 @@ def stop_tree(roots: list[int], grace_s: float = 5.0) -> list[int]:
     of its own (``start_new_session=True``), every member of that session,
     even one whose parent has exited. SIGTERM to the roots first (Flower's
     processes shut down their own children), then SIGTERM to whatever is
-    left, then SIGKILL; a pid is only signalled while it still belongs to
-    the process that was found (same start time).
+    left, then SIGKILL until none is left (at most ``grace_s`` more); a pid
+    is only signalled while it still belongs to the process that was found
+    (same start time).
     """
     procs = _tree(roots)
+    leaders = frozenset(p for p in roots if p in procs)  # (alive now: their pids are their sessions' ids)
     for targets in ({p: procs[p] for p in roots if p in procs}, None):
         _signal_all(procs if targets is None else targets, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while _alive(procs) and time.monotonic() < deadline:
             time.sleep(0.2)
-        procs.update(_tree(list(_alive(procs))))  # children spawned meanwhile
-    _signal_all(_alive(procs), signal.SIGKILL)
+        procs.update(_tree(list(_alive(procs)), leaders))  # children spawned meanwhile
+    # SIGKILL, until nothing of the tree is left: a killed process takes a moment to go (a large
+    # one longer on a loaded machine), and an orphan its parent started before dying is found in
+    # its session. The caller may then count on every process being gone.
+    deadline = time.monotonic() + grace_s
+    alive = _alive(procs)
+    while alive and time.monotonic() < deadline:
+        _signal_all(alive, signal.SIGKILL)
+        time.sleep(0.05)
+        procs.update(_tree(list(alive), leaders))
+        alive = _alive(procs)
     return sorted(procs)
 
 
