@@ -98,18 +98,18 @@ def _signal_all(procs: dict[int, str], sig: int) -> None:
                 os.kill(pid, sig)
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited process its parent has not reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _alive(procs: dict[int, str]) -> dict[int, str]:
     table = _proc_table()
-    alive = {}
-    for pid, start in procs.items():
-        if pid in table and table[pid][2] == start:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state != "Z":
-                alive[pid] = start
-    return alive
+    return {pid: start for pid, start in procs.items()
+            if pid in table and table[pid][2] == start and running(pid)}
 
 
 def stop_superlink(log_file: Path, grace_s: float = 5.0) -> list[int]:
@@ -352,6 +352,6 @@ def local_flower(home: Path, *, pythonpath: list[str] | None = None, cwd: Path |
 
 
 __all__ = [
-    "LocalFlower", "find_processes", "find_superlinks", "first_error", "local_flower", "stop_superlink",
-    "stop_tree",
+    "LocalFlower", "find_processes", "find_superlinks", "first_error", "local_flower", "running",
+    "stop_superlink", "stop_tree",
 ]

@@ -42,6 +42,7 @@ from lips_flwr.experiments.local_flower import (
     _tree,
     find_processes,
     local_flower,
+    running,
     stop_tree,
 )
 
@@ -235,15 +236,8 @@ def make_deployment(tmp_path: Path) -> Iterator:
             seen = _tree([p.pid for p in dep.procs.values()])
             dep.close()
             left = find_processes(str(dep.root))  # anything using our certificates, homes, logs
-            left += [pid for pid in seen if _is_live(pid) and pid not in left]
+            left += [pid for pid in seen if running(pid) and pid not in left]
             assert not left, f"processes left running: {left}"
-
-
-def _is_live(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _run_config(rounds: int, every: int, results: Path, mask_last_round: bool = False) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lips_flwr.experiments.local_flower import stop_tree
+from lips_flwr.experiments.local_flower import running, stop_tree
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 
@@ -21,13 +21,6 @@ DEAF_CHILD = ("import signal, sys, time\n"
 ROOT = ("import subprocess, sys, time\n"
         "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]])\n"
         "time.sleep(600)\n")
-
-
-def _live(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -43,4 +36,4 @@ def test_every_process_of_the_tree_is_gone_when_stop_tree_returns(tmp_path):
     found = stop_tree([root.pid], grace_s=1.0)
     root.wait(timeout=5)
     assert len(found) == 2 and root.pid in found
-    assert [pid for pid in found if _live(pid)] == []
+    assert [pid for pid in found if running(pid)] == []
