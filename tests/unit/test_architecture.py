@@ -301,3 +301,10 @@ def test_the_unit_tests_mirror_the_package():
     assert sorted(str(f) for f in folders if f.parts[0] != "examples" and not (PACKAGE / f).is_dir()) == []
     names = [path.name for path in tests]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_the_experiments_keep_no_process_pool_of_their_own():
+    """Issue 38: every sweep's runs are Ray tasks (runner/dispatch.py); no multiprocessing in the wing."""
+    found = [str(path.relative_to(PACKAGE)) for path in sorted((PACKAGE / "experiments").rglob("*.py"))
+             if "multiprocessing" in path.read_text()]
+    assert found == []

@@ -47,6 +47,15 @@ def test_the_base_install_is_flwr_and_numpy():
     assert all(name in examples for name in ("torch", "flwr[simulation]", "scipy", "matplotlib"))
 
 
+def test_ray_which_runs_every_sweep_is_declared_at_its_lowest_tested_version():
+    """Issue 38: compare's runs are Ray tasks; `make test-lowest` runs the unit tests' sweeps on that Ray."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = [req for req in project["optional-dependencies"]["examples"] if req.startswith("ray")]
+    lowest = [line for line in (ROOT / "requirements-lowest.txt").read_text().splitlines()
+              if line.startswith("ray==")]
+    assert declared == ["ray>=2.55.1"] and lowest == ["ray==2.55.1"]
+
+
 def python_without(modules: list[str], code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter in which ``modules`` cannot be imported (as if not installed)."""
     block = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in modules)

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..runner.stall import DEFAULT_STALL_TIMEOUT
 
 STOPPED_EXIT = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
-EXTRAS = ("scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
+EXTRAS = ("ray", "scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -46,6 +46,17 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"an integer >= 1, got {text!r}")
+    return value
+
+
+def _gpus(text: str) -> float:
+    """``--gpus-per-run``: a number of GPUs >= 0 (a fraction shares one GPU between runs)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of GPUs >= 0, got {text!r}") from None
+    if not value >= 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of GPUs >= 0, got {text!r}")
     return value
 
 
@@ -88,8 +99,13 @@ def parser() -> argparse.ArgumentParser:
                          help="evaluated rounds in the endpoint (default: min(10, rounds))")
     compare.add_argument("--engine", choices=("auto", "sequential", "stacked"), default="auto")
     compare.add_argument("--jobs", type=_positive, default=None,
-                         help="runs at once, each in its own process with cores // jobs threads "
-                              "(default: gcd(runs, cores): jobs x threads is every core)")
+                         help="runs at once, each a Ray task in its own process with cores // jobs CPUs "
+                              "and threads (default: gcd(runs, cores): jobs x threads is every core)")
+    compare.add_argument("--address", default=None,
+                         help="the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: "
+                              "RAY_ADDRESS, else a local Ray started for the sweep; docs/ray-cluster.md)")
+    compare.add_argument("--gpus-per-run", type=_gpus, default=0.0, metavar="GPUS",
+                         help="GPUs each run reserves, fractions allowed (default 0)")
     compare.add_argument("--stall-timeout", type=_seconds, default=DEFAULT_STALL_TIMEOUT, metavar="SECONDS",
                          help="a run in which no round and no client call ends for this long fails, with the "
                               f"end of its log (default {DEFAULT_STALL_TIMEOUT:.0f}; 0: no limit)")
@@ -137,7 +153,8 @@ def compare_main(args: argparse.Namespace) -> int:
                                 num_nodes=nodes.nodes, metric=args.metric, last=args.last, engine=args.engine,
                                 num_nodes_from=nodes.source, goal=args.goal)
         summary = run_compare(comparison, args.out, jobs=args.jobs, recompute=args.recompute,
-                              progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout)
+                              progress=lambda line: print(line, flush=True), stall_timeout=args.stall_timeout,
+                              address=args.address, gpus_per_run=args.gpus_per_run)
     except KeyboardInterrupt:
         _say(STOPPED)
         return STOPPED_EXIT

@@ -18,10 +18,13 @@ from .summary import summarize
 
 def run_compare(comparison: Comparison, out: str | Path, jobs: int | None = None, recompute: bool = False,
                 progress: Callable[[str], None] = print,
-                stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> dict:
+                stall_timeout: float | None = DEFAULT_STALL_TIMEOUT, address: str | None = None,
+                gpus_per_run: float = 0.0) -> dict:
     """Run both arms (reusing finished runs), then write the summary, report and figures into ``out``.
 
-    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`..runner.stall`).
+    ``stall_timeout``: a run without progress for that many seconds fails (:mod:`..runner.stall`);
+    ``address`` and ``gpus_per_run``: the Ray cluster and each run's GPUs
+    (:func:`~..runner.sweep.run_sweep`).
     """
     out = Path(out).resolve()
     specs = comparison.specs()
@@ -36,7 +39,8 @@ def run_compare(comparison: Comparison, out: str | Path, jobs: int | None = None
             first = specs[0].name  # (its first evaluated round tells whether the metric is there)
             watch = MetricWatch(comparison.metric, first, staging_path(out / "runs", first), progress)
             paths = run_sweep(specs, out / "runs", jobs=jobs, recompute=recompute, progress=watch,
-                              stall_timeout=stall_timeout, lock=lock)
+                              stall_timeout=stall_timeout, lock=lock, address=address,
+                              gpus_per_run=gpus_per_run)
             results = {spec.name: read_result(path) for spec, path in zip(specs, paths)}
             summary = summarize(comparison, results)
             write_report(comparison, summary, results, out)

@@ -318,6 +318,8 @@ class RunObserver:
         except (OSError, ValueError):
             partial = {}
         self._earlier = {int(r): entry for r, entry in partial.get("rounds", {}).items()}
+        with self._lock:  # (all of them, should the run have no round left to train: stopped after its last)
+            self.rounds = dict(self._earlier)
         self.layers = partial.get("layers") or self.layers
         self.evaluate_keys = partial.get("evaluate_keys") or self.evaluate_keys
         self.warnings.extend(partial.get("warnings") or [])

@@ -20,44 +20,36 @@ progress are kept (logged). Each run, as it starts, claims its own
 ``<out>/.staging/<name>/``: a folder left by a stopped run of the same
 identity is continued when it can be continued exactly (the app can resume
 and every file reads whole: :mod:`.resume`), else removed with a line
-saying why, and the run starts at round 1. Runs on the batched Grid each
-run in a fresh process (:mod:`.worker`), in its staging folder, ``jobs`` at
-a time (:func:`default_jobs` unless given), each with ``cores // jobs``
-threads; ``flwr run`` runs (:mod:`.flwr_runs`) one after another. The
-first failing run stops the sweep once the running runs end
-(:class:`SweepFailed`, with that run's first client error); a run process
-stopped (a signal) stops it too, its staging folder kept. A failure that
-every run would meet (the app builds no LIPS strategy for a LIPS-off run, a
-``ConfigError``: :func:`app_failure`) stops the running runs at once, their
-staging folders kept. A Ctrl-C of the
-sweep stops every run, keeping their staging folders, and raises
-:class:`SweepStopped`. With a ``stall_timeout``, a run that shows no progress
-for that long fails with the end of its log (:mod:`.stall`).
-``<out>/.sweep.lock`` keeps a second sweep out of ``out`` while one runs
-(a caller that prepares ``out`` first takes it earlier and passes it in).
-
-The processes are started with ``spawn``: a fresh interpreter that sets the
-run's environment (thread counts) before numpy and torch read it. A
-forkserver with torch and flwr preloaded starts a run sooner (0.02 s against
-1.8 s from ``start()`` to the app's imports done, on the loaded 2-core
-development machine), but its preloaded libraries would have read the
-server's thread settings already, and the compute floor a run is measured
-against (benchmarks/bench_runner.py) is a fresh process too.
+saying why, and the run starts at round 1. Runs on the batched Grid are
+Ray tasks (:mod:`.dispatch`: a local Ray unless ``address`` names a
+cluster), each in a fresh worker process (:mod:`.worker`) in its staging
+folder, ``jobs`` at a time (:func:`default_jobs` of the cluster's CPUs
+unless given), each with ``cores // jobs`` CPUs and threads, a seed's runs
+on one node; ``flwr run`` runs (:mod:`.flwr_runs`) one after another, each
+on Flower's own local Ray simulation. The first failing run stops the sweep
+once the running runs end (:class:`SweepFailed`, with that run's first
+client error); a run's process that dies before reporting stops it too. A
+failure that every run would meet (the app builds no LIPS strategy for a
+LIPS-off run, a ``ConfigError``: :func:`app_failure`) stops the running
+runs at once, their staging folders kept. A run whose node is lost runs
+again (:data:`NODE_RETRIES`). A Ctrl-C of the sweep stops every run,
+keeping their staging folders, and raises :class:`SweepStopped`. With a
+``stall_timeout``, a run that shows no progress for that long fails with
+the end of its log (:mod:`.stall`). ``<out>/.sweep.lock`` keeps a second
+sweep out of ``out`` while one runs (a caller that prepares ``out`` first
+takes it earlier and passes it in).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
-import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .provenance import THREAD_VARIABLES
 from .resume import staging_problem
@@ -70,9 +62,24 @@ from .runs import (
     prepare,
     staged_code_changes,
 )
+from .slots import available_cores, default_jobs
 from .stall import StallWatch, stalled_failure
-from .store import STAGING, SweepLock, differences, prune_staging, read_result, remove_empty, staged_identity
-from .worker import NO_LIPS, STOPPED_EXIT, run_process
+from .store import (
+    STAGING,
+    SweepLock,
+    differences,
+    prune_staging,
+    read_result,
+    remove_empty,
+    staged_identity,
+    write_result,
+)
+from .worker import NO_LIPS, STOPPED_EXIT
+
+if TYPE_CHECKING:
+    from .dispatch import Outcome
+
+NODE_RETRIES = 3  # times a run whose node was lost runs again (then it fails, its staging kept)
 
 Progress = Callable[[str], None]
 
@@ -93,26 +100,6 @@ class SweepStopped(KeyboardInterrupt):
         names = ", ".join(runs) if runs else "none was running"
         super().__init__(f"stopped; run the same command to continue (runs stopped, their progress kept: "
                          f"{names})")
-
-
-def default_jobs(runs: int, cores: int) -> int:
-    """The runs at once that finish ``runs`` equal runs soonest on ``cores`` cores, never later than one.
-
-    ``gcd(runs, cores)``, the largest number that divides both: every process
-    then does ``runs / jobs`` runs with ``cores / jobs`` threads, so no core
-    idles, ever (a divisor of ``runs`` alone, e.g. 6 of 12 runs on 8 cores,
-    would leave 2 cores idle for the whole sweep; see docs/simulation.md,
-    "Threads and jobs").
-    """
-    return math.gcd(max(1, runs), max(1, cores))
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def run_environment(spec: RunSpec, threads: int) -> dict[str, str]:
@@ -211,21 +198,6 @@ def claim_staging(job: PreparedRun, progress: Progress) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
-    """``env`` in ``os.environ`` while a run's process starts (a spawned process copies it)."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds >= 3600:
@@ -267,32 +239,34 @@ class _Board:
         self.progress(f"[{name}] done ({len(self.finished)} of {len(self.total)} runs of the sweep)")
 
 
-def stopped(exitcode: int | None) -> bool:
-    """Whether a run's process was stopped (a signal, or Ctrl-C: :data:`STOPPED_EXIT`) rather than failed."""
-    return exitcode is not None and (exitcode < 0 or exitcode == STOPPED_EXIT)
+def _log(job: PreparedRun) -> str:
+    """The end of a run's log, where this process sees its staging folder."""
+    try:
+        return (job.staging / "log").read_text(errors="replace")[-3000:]
+    except OSError:
+        return "(no log on this machine: the run's node does not share the output folder)"
 
 
-def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str:
+def _failure(job: PreparedRun, outcome: Outcome) -> str:
     """What to tell of a run that failed: its error and first client error, or how its process ended.
 
-    A process that ended before reporting: the end of its log; its staging
-    folder is removed when it exited with an error, kept (to continue) when
-    it was stopped (:func:`stopped`).
+    A process stopped by a Ctrl-C inside the run keeps its staging folder
+    (to continue), as does one whose node was lost more than
+    :data:`NODE_RETRIES` times; one that died before it could report (a
+    crash, a signal, the OOM killer: Ray does not tell which) loses it.
     """
-    if event is None:
-        try:
-            log = (job.staging / "log").read_text()[-3000:]
-        except OSError:
-            log = "(no log)"
-        if exitcode is not None and stopped(exitcode):
-            how = f"signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}, Ctrl-C"
-            return (f"[{job.name}] its process was stopped ({how}); its staging folder is kept for a later "
-                    f"sweep to continue; the end of its log:\n{log}")
-        if exitcode is not None and exitcode > 0:
-            shutil.rmtree(job.staging, ignore_errors=True)
-        return (f"[{job.name}] its process ended (exit code {exitcode}) before reporting; the end of its "
+    if outcome.kind == "stopped":
+        return (f"[{job.name}] its process was stopped (exit code {STOPPED_EXIT}, Ctrl-C); its staging "
+                f"folder is kept for a later sweep to continue; the end of its log:\n{outcome.event[1]}")
+    if outcome.kind == "lost":
+        return (f"[{job.name}] its node was lost {NODE_RETRIES + 1} times ({outcome.error}); its staging "
+                f"folder is kept for a later sweep to continue")
+    if outcome.kind != "failed":
+        log = _log(job)
+        shutil.rmtree(job.staging, ignore_errors=True)
+        return (f"[{job.name}] its process ended before reporting ({outcome.error}); the end of its "
                 f"log:\n{log}")
-    _, error, detail, client_error = event
+    _, error, detail, client_error, _tail = outcome.event
     text = f"[{job.name}] failed: {error}\n{detail.rstrip()}"
     if client_error:
         text += f"\n[{job.name}] the first client error:\n{client_error.rstrip()}"
@@ -300,125 +274,118 @@ def _failure(job: PreparedRun, event: tuple | None, exitcode: int | None) -> str
 
 
 def app_failure(event: tuple | None) -> bool:
-    """Whether a run's ``("failed", error, detail, client_error)`` event is the app's or its settings' fault.
+    """Whether a run's ``("failed", error, detail, ...)`` outcome is the app's or its settings' fault.
 
     The app builds no LIPS strategy for a LIPS-off run (:data:`~.worker.NO_LIPS`),
     or the run ended with a :class:`~lips_flwr.errors.ConfigError` (its
     traceback, ``detail``, names its class by module): every other run of
     the sweep would meet it too, so they need not run on.
     """
-    if event is None or event[0] != "failed":
+    if not event or event[0] != "failed":
         return False
     error, detail = str(event[1]), str(event[2])
     return NO_LIPS in error or any(line.startswith("lips_flwr.errors.ConfigError")
                                    for line in detail.splitlines())
 
 
-def stop_all(running: Iterable[tuple[PreparedRun, BaseProcess]]) -> None:
-    """Stop every running run's process (SIGTERM, then SIGKILL after 10 s); each keeps its staging folder."""
-    running = list(running)
-    for _job, process in running:
-        process.terminate()
-    deadline = time.monotonic() + 10
-    for _job, process in running:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
+def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
+              stall_timeout: float | None = None, gpus_per_run: float = 0.0) -> None:
+    """Each job as a Ray task (:mod:`.dispatch`); ``SweepFailed`` for the first that failed.
 
-
-def run_processes(jobs: list[PreparedRun], parallel: int, progress: Progress,
-                  stall_timeout: float | None = None) -> None:
-    """Each job in a fresh process, ``parallel`` at a time; ``SweepFailed`` for the first that failed.
-
-    A job claims its staging folder (:func:`claim_staging`) as its process
-    starts: a sweep that stops early leaves none for runs it never started.
-    A run silent for over ``stall_timeout`` seconds fails (:mod:`.stall`).
+    ``parallel``: runs at once (``None``: :func:`default_jobs` of the
+    cluster's CPUs), each with ``cores // parallel`` CPUs and threads. A job
+    claims its staging folder (:func:`claim_staging`) as its task starts: a
+    sweep that stops early leaves none for runs it never started. A run
+    silent for over ``stall_timeout`` seconds fails (:mod:`.stall`).
     """
-    context = multiprocessing.get_context("spawn")
-    queue, board = list(jobs), _Board(jobs, progress)
-    threads = max(1, available_cores() // max(1, min(parallel, len(jobs))))
-    running: dict[Connection, tuple[PreparedRun, BaseProcess]] = {}
+    from .dispatch import Plan, RayRuns, place_of
+
+    plan = Plan.make(jobs, parallel, gpus_per_run)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(plan.slot)
+    progress(f"running {len(jobs)} run(s), {plan.parallel} at a time on {plan.parallel * plan.slot} core(s) "
+             f"(a seed's runs on one node), {threads} thread(s) each unless a run's env says otherwise")
+    given = {name: os.environ[name] for name in THREAD_VARIABLES if os.environ.get(name)}
+    tasks = RayRuns(plan, place_of(lambda job: {**given, **run_environment(job.spec, plan.slot)}),
+                    lambda job: claim_staging(job, progress))
+    board, watch, stalled = _Board(jobs, progress), StallWatch(stall_timeout), set()
     failure: str | None = None
-    halt: str | None = None  # (a run's app-level failure: the running runs are stopped now, not awaited)
-    outcome: dict[str, tuple | None] = {}
-    watch, stalled = StallWatch(stall_timeout), set()
-    kill_at: dict[str, float] = {}  # a stalled run's SIGKILL time, should it ignore SIGTERM
+    halt: str | None = None  # (a run's app-level failure or a stall: the running runs are cancelled now)
     try:
-        while queue or running:
-            while queue and len(running) < max(1, parallel) and failure is None:
-                job = queue.pop(0)
-                resuming = claim_staging(job, progress)
-                receiver, sender = context.Pipe(duplex=False)
-                with _environment(run_environment(job.spec, threads)):
-                    started: BaseProcess = context.Process(
-                        target=run_process, name=f"lips-flwr run {job.name}",
-                        args=(job, resuming, sender, os.getpid()))
-                    started.start()
-                sender.close()
-                running[receiver] = (job, started)
-                outcome[job.name] = None
-                watch.heard(job.name)
-                progress(f"[{job.name}] started ({job.identity['engine']}, pid {started.pid})")
-            if not running:
-                break
-            for ready in wait(list(running), timeout=5.0):
-                assert isinstance(ready, Connection)
-                job, process = running[ready]
-                try:
-                    while ready.poll():
-                        event = ready.recv()
-                        watch.heard(job.name)
-                        if event[0] == "round":
-                            board.round(job.name, event[1])
-                        elif event[0] != "alive":
-                            outcome[job.name] = event
-                except (EOFError, OSError):  # the process has ended: collect it
-                    process.join()
-                    del running[ready]
-                    event = outcome[job.name]
-                    if job.name in stalled:  # (its failure is told already)
-                        shutil.rmtree(job.staging, ignore_errors=True)
-                    elif event is not None and event[0] == "done" and process.exitcode == 0:
-                        board.finish(job.name)
-                    elif failure is None:
-                        failure = _failure(job, event if event and event[0] == "failed" else None,
-                                           process.exitcode)
-                        halt = job.name if app_failure(event) else None
-                        if halt is None:
-                            progress(f"[{job.name}] failed: the sweep stops once its running runs end")
-            if halt is not None and running:
-                names = ", ".join(other.name for other, _ in running.values())
+        while tasks.waiting or tasks.running:
+            for name, event in tasks.events():
+                watch.heard(name)
+                if event[0] == "round":
+                    board.round(name, event[1])
+                elif event[0] == "note":
+                    progress(event[1])
+            for ref in tasks.ended():
+                if ref in tasks.waiting:  # a seed's group is placed: its seats start
+                    for seat in tasks.waiting.pop(ref):
+                        started = tasks.start(seat) if failure is None else None
+                        if started is not None:
+                            watch.heard(started.name)
+                            progress(f"[{started.name}] started ({started.identity['engine']})")
+                    continue
+                job, seat, outcome = tasks.outcome(ref)
+                if outcome.kind == "done":
+                    write_result(job.result, **outcome.event[1])
+                    shutil.rmtree(job.staging, ignore_errors=True)
+                    board.finish(job.name)
+                elif outcome.kind == "lost" and tasks.lost[job.name] <= NODE_RETRIES and failure is None:
+                    progress(f"[{job.name}] its node was lost ({outcome.error}): running it again")
+                    tasks.start(seat, job)
+                    watch.heard(job.name)
+                    continue
+                elif outcome.kind == "cancelled" and job.name in stalled:
+                    shutil.rmtree(job.staging, ignore_errors=True)  # (its failure is told already)
+                elif outcome.kind != "cancelled" and failure is None:
+                    failure = _failure(job, outcome)
+                    if app_failure(outcome.event):
+                        halt = job.name
+                    else:
+                        progress(f"[{job.name}] failed: the sweep stops once its running runs end")
+                nxt = tasks.start(seat) if failure is None else None
+                if nxt is not None:
+                    watch.heard(nxt.name)
+                    progress(f"[{nxt.name}] started ({nxt.identity['engine']})")
+                else:
+                    tasks.free(seat)
+            if halt is not None and tasks.running:
+                names = ", ".join(job.name for job, _seat in tasks.running.values())
                 progress(f"[{halt}] failed, as every run of this app and settings would: stopping the "
                          f"running runs now, their progress kept ({names})")
-                stop_all(running.values())
-                running.clear()
-            for job, process in running.values():
-                if job.name not in stalled and watch.stalled([job.name]):
-                    stalled.add(job.name)
+                tasks.cancel()
+            for job, _seat in list(tasks.running.values()):
+                if job.name not in tasks.cancelled and watch.stalled([job.name]):
                     message = stalled_failure(job.name, float(stall_timeout or 0), job.staging / "log")
                     failure = failure or message
                     progress(message.splitlines()[0] + "; the sweep stops once its running runs end")
-                    process.terminate()
-                    kill_at[job.name] = time.monotonic() + 10
-                elif job.name in kill_at and time.monotonic() > kill_at[job.name] and process.is_alive():
-                    process.kill()  # (an app with its own SIGTERM handler must not keep the sweep waiting)
+                    stalled.add(job.name)
+                    tasks.cancel({job.name})
+            if failure is not None and not tasks.running:
+                break
     except BaseException as err:
-        stop_all(running.values())
+        stopped = tasks.cancel()
+        tasks.settle()
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, SweepStopped):
-            raise SweepStopped([job.name for job, _ in running.values()]) from err
+            raise SweepStopped(stopped) from err
         raise
+    tasks.settle()
     if failure is not None:
         raise SweepFailed(failure)
 
 
 def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None, recompute: bool = False,
               progress: Progress = print, flwr_timeout: float = 3600.0,
-              stall_timeout: float | None = None, lock: SweepLock | None = None) -> list[Path]:
+              stall_timeout: float | None = None, lock: SweepLock | None = None, address: str | None = None,
+              gpus_per_run: float = 0.0) -> list[Path]:
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
 
     ``jobs``: runs at once on the batched Grid, each with ``cores // jobs``
-    threads; ``None``: :func:`default_jobs` for the runs to do.
+    CPUs and threads; ``None``: :func:`default_jobs` for the runs to do.
+    ``address``: the Ray cluster to run them on (:func:`~.dispatch.ray_session`;
+    ``None``: ``RAY_ADDRESS``, else a local Ray); ``gpus_per_run``: the GPUs
+    each run reserves (fractions allowed).
     ``stall_timeout``: a batched run that shows no progress for that many
     seconds fails (:mod:`.stall`); ``None``: no limit.
     ``lock``: the :class:`~.store.SweepLock` of ``out`` that the caller holds
@@ -454,12 +421,10 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
                         shutil.rmtree(job.staging, ignore_errors=True)
             batched = [job for job in to_run if job.identity["engine"] != "flwr"]
             if batched:
-                cores = available_cores()
-                parallel = min(jobs or default_jobs(len(batched), cores), len(batched))
-                threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cores // parallel))
-                progress(f"running {len(batched)} run(s), {parallel} at a time on {cores} core(s), "
-                         f"{threads} thread(s) each unless a run's env says otherwise")
-                run_processes(batched, parallel, progress, stall_timeout)
+                from .dispatch import ray_session
+
+                with ray_session(address, progress):
+                    run_tasks(batched, jobs, progress, stall_timeout, gpus_per_run)
         except KeyboardInterrupt as err:  # (a Ctrl-C outside run_processes: a flwr run, a claim)
             if isinstance(err, SweepStopped):
                 raise
@@ -469,5 +434,5 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     return [job.result for job in prepared]
 
 
-__all__ = ["STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "available_cores", "claim_staging",
-           "default_jobs", "plan", "run_environment", "run_processes", "run_sweep", "stop_all", "stopped"]
+__all__ = ["NODE_RETRIES", "STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "available_cores",
+           "claim_staging", "default_jobs", "plan", "run_environment", "run_sweep", "run_tasks"]

@@ -1,12 +1,15 @@
-"""One run on the batched Grid, in a process of its own: what the sweep's run processes execute.
+"""One run on the batched Grid, in a Ray worker process of its own: what each task of a sweep executes.
 
-:func:`run_process` is the entry of a fresh process (``multiprocessing``
-spawn): its output goes to the run's log in the staging folder, progress
-and the outcome go to the sweep through a pipe. The app is imported in this
-process (inside ``forced_options(tau0=0.0)`` for a LIPS-off arm, so that a
-LIPS strategy built at import time is forced too), so no module state of one
-run (an app's caches, ``torch.set_num_threads``, a module-level strategy)
-reaches another. The process dies with the sweep (Linux: ``PR_SET_PDEATHSIG``).
+:func:`run_task` is the body of a sweep's Ray task (:mod:`.dispatch`), in a
+fresh worker process (``max_calls=1``): its output goes to the run's log in
+the staging folder, progress goes to the sweep through ``send`` (an actor's
+mailbox), and the outcome is what it returns: the result file's contents
+for the sweep's process to write (it alone writes the output folder), or
+the run's error. The app is imported in this process (inside
+``forced_options(tau0=0.0)`` for a LIPS-off arm, so that a LIPS strategy
+built at import time is forced too), so no module state of one run (an
+app's caches, ``torch.set_num_threads``, a module-level strategy) reaches
+another.
 
 The sweep computed the run's identity before its runs; this process, started
 later, imports whatever code is on disk then. Once the app's components are
@@ -16,29 +19,31 @@ before its first train instruction reaches a client when the app built no
 LIPS strategy under the forcing (it would run as written).
 
 The process works in the run's staging folder (its ``cwd``), with the
-threads the sweep set in its environment (:func:`_settle_in`).
+threads the sweep gave it (:func:`_settle_in`). On a node that does not see
+the sweep's output folder (a cluster without shared storage) it works in a
+temporary folder instead, and says so: such a run, stopped, starts again at
+round 1.
 
-A run that fails (an exception, ``SystemExit`` included) sends its error and
-the first client error, and removes its staging folder; a signal or a
-Ctrl-C (exit status :data:`STOPPED_EXIT`) leaves the folder for a
-later sweep to resume.
+A run that fails (an exception, ``SystemExit`` included) returns its error,
+the first client error and the end of its log, and removes its staging
+folder; a Ctrl-C inside the run (``KeyboardInterrupt``) returns
+``("stopped", ...)`` and leaves the folder for a later sweep to resume.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import json
 import os
 import shutil
-import signal
+import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,23 +55,28 @@ from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
 from .resume import ClientContexts
 from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
-from .stall import heartbeat
-from .store import write_result
+from .stall import LOG_TAIL, heartbeat
 
 if TYPE_CHECKING:
     from ...strategies.options import Forcing
 
 SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
-STOPPED_EXIT = 130  # a run process's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
+STOPPED_EXIT = 130  # a sweep's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Be killed when the sweep's process dies (Linux); exit at once if it already has."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where the sweep's process stands, for a run to resolve what it names: its folder, paths and threads.
+
+    ``cwd`` and ``sys_path``: the sweep process's working directory and
+    import path (a run's relative inputs and modules resolve as there);
+    ``env``: thread variables (and the spec's ``env``) to set before the
+    app's imports.
+    """
+
+    cwd: str
+    sys_path: tuple[str, ...]
+    env: dict[str, str]
 
 
 def _redirect_output(log: Path) -> None:
@@ -91,7 +101,7 @@ def _app_record(job: PreparedRun) -> dict[str, Any] | None:
         return None
 
 
-def _segments(job: PreparedRun, resuming: bool, started: str) -> list[dict[str, Any]]:
+def _segments(job: PreparedRun, resuming: bool, started: str, where: dict[str, Any]) -> list[dict[str, Any]]:
     """The provenance of the earlier processes of a resumed run; this one's is added for a later one.
 
     A process that was stopped never learnt its wall time: its ``wall_seconds`` is ``None``.
@@ -101,7 +111,7 @@ def _segments(job: PreparedRun, resuming: bool, started: str) -> list[dict[str, 
     if resuming:
         with contextlib.suppress(OSError, ValueError, KeyError):
             earlier = list(json.loads(path.read_text())["segments"])
-    mine = provenance(job.identity["engine"], started, None, **_extra(job))
+    mine = provenance(job.identity["engine"], started, None, **_extra(job), **where)
     write_json_atomic(path, {"segments": [*earlier, mine]})
     return earlier
 
@@ -158,9 +168,10 @@ class LipsOffCheck:
 
 
 def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
-            on_call: Callable[[], None] | None = None) -> None:
-    """Run ``job`` on the batched Grid, write its result file; ``RunFailed`` or the app's error on failure.
+            on_call: Callable[[], None] | None = None, **where: Any) -> dict[str, Any]:
+    """Run ``job`` on the batched Grid; its result file's contents, or ``RunFailed`` or the app's error.
 
+    ``where``: what the provenance adds of where the run ran (its node).
     ``on_call``: the Grid's, called as each client call ends (the heartbeat of :mod:`.stall`).
     A resumable run's clients' state is kept by :class:`~.resume.ClientContexts`
     (and given back to a continued run); the result's provenance says from
@@ -172,7 +183,7 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
     from .apps import import_components
 
     started, start = now_utc(), time.perf_counter()
-    earlier = _segments(job, resuming, started)
+    earlier = _segments(job, resuming, started, where)
     if resuming:
         observer.resume_from(job.staging)
     with forced_options(**LIPS_OFF) if job.spec.lips_off else contextlib.nullcontext() as forcing:
@@ -189,14 +200,14 @@ def execute(job: PreparedRun, resuming: bool, observer: RunObserver,
     if isinstance(watcher, LipsOffCheck):
         watcher.check()
     observer.check(job.spec.require_evaluate)
-    record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job))
+    record = provenance(job.identity["engine"], started, time.perf_counter() - start, **_extra(job), **where)
     restored = contexts.restored_from if contexts else None
     record["resumed_from_round"] = None if restored is None else restored + 1
     if earlier:
         record["earlier_segments"] = earlier
     identity = with_modules(job.identity, {**loaded_modules(job.app), **imported})
-    write_result(job.result, identity, record, {**observer.record(), "first_error": observer.first_error},
-                 _app_record(job))
+    return {"identity": identity, "provenance": record,
+            "observed": {**observer.record(), "first_error": observer.first_error}, "app": _app_record(job)}
 
 
 def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -222,19 +233,22 @@ def inputs_made_absolute(config: dict[str, Any], folder: Path) -> dict[str, Any]
     return {key: value if key in MANAGED_KEYS else absolute(value) for key, value in config.items()}
 
 
-def _settle_in(job: PreparedRun) -> PreparedRun:
+def _settle_in(job: PreparedRun, place: Place) -> PreparedRun:
     """Work in the run's staging folder, with the threads the sweep gave it, before the app is imported.
 
     The staging folder as the working directory keeps what an app writes to
     a relative path (``torch.save(model, "final_model.pt")``) with its run,
     never shared by two runs; inputs named in the run config still resolve
-    (:func:`inputs_made_absolute`): the job is returned with that run config.
-    The sweep sets ``OMP_NUM_THREADS`` (and its kin) in this process's
-    environment; torch reads it as it is imported, and is told again here in
-    case an earlier import read it differently.
+    from the sweep's folder (:func:`inputs_made_absolute`), and modules from
+    its import path: the job is returned with that run config. Ray starts
+    the worker with ``OMP_NUM_THREADS`` at the task's CPUs (numpy reads it as
+    ``lips_flwr`` loads); the others are set here, before torch is imported,
+    and torch is told again in case an earlier import read them differently.
     """
-    caller = Path.cwd()
-    sys.path[:] = [str(caller / entry) if entry in ("", ".") else entry for entry in sys.path]
+    caller = Path(place.cwd)
+    sys.path[:0] = [str(caller / entry) if entry in ("", ".") else entry for entry in place.sys_path
+                    if entry not in sys.path]
+    os.environ.update(place.env)
     job = dataclasses.replace(job, run_config=inputs_made_absolute(job.run_config, caller))
     os.chdir(job.staging)
     threads = os.environ.get("OMP_NUM_THREADS", "")
@@ -245,40 +259,74 @@ def _settle_in(job: PreparedRun) -> PreparedRun:
     return job
 
 
-def run_process(job: PreparedRun, resuming: bool, conn: Connection, parent: int) -> None:
-    """The entry of a run's process (see the module docstring)."""
-    _die_with_parent(parent)
-    _redirect_output(job.staging / "log")
-    job = _settle_in(job)
+def _on_this_node(job: PreparedRun) -> tuple[PreparedRun, str | None]:
+    """``job``, or a copy working in a temporary folder where this node does not see its staging folder.
 
+    The sweep's process made the staging folder (with ``identity.json``)
+    before it started the run: a node without it has no storage shared with
+    the sweep's. The managed paths (checkpoint, client state, the app's
+    results) move with it. The second value: the line saying so, or ``None``.
+    """
+    if (job.staging / "identity.json").exists():
+        return job, None
+    local = Path(tempfile.mkdtemp(prefix="lips-flwr-run-"))
+    before = str(job.staging)
+    config = {key: str(local) + value[len(before):] if isinstance(value, str) and value.startswith(before)
+              else value for key, value in job.run_config.items()}
+    note = (f"[{job.name}] {socket.gethostname()} does not see the output folder: the run works in "
+            f"{str(local)!r} there; stopped, it starts again at round 1")
+    return dataclasses.replace(job, staging=local, run_config=config), note
+
+
+def _log_tail(job: PreparedRun) -> str:
+    try:
+        return (job.staging / "log").read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return "(no log)"
+
+
+def run_task(job: PreparedRun, resuming: bool, place: Place, send: Callable[[tuple], None],
+             node: dict[str, Any]) -> tuple:
+    """The body of a run's Ray task (see the module docstring); its outcome.
+
+    ``("done", contents)`` (the result file's ``identity``, ``provenance``,
+    ``observed`` and ``app``), ``("failed", error, detail, first client
+    error, end of the log)`` or ``("stopped", end of the log)`` after a
+    Ctrl-C inside the run. ``node``: the provenance's record of this node.
+    """
+    job, note = _on_this_node(job)
+    if note is not None:
+        send(("note", note))
+        resuming = False
+    _redirect_output(job.staging / "log")
+    job = _settle_in(job, place)
     lock = threading.Lock()  # (the heartbeat comes from the stacked engine's client threads too)
 
-    def send(event: tuple) -> None:
-        with lock, contextlib.suppress(OSError):
-            conn.send(event)
+    def tell(event: tuple) -> None:
+        with lock:
+            send(event)
 
-    observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: send(("round", r)))
+    observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: tell(("round", r)))
     try:
-        execute(job, resuming, observer, on_call=heartbeat(lambda: send(("alive",))))
-    except KeyboardInterrupt:  # stopped (Ctrl-C reaches every process of the sweep): resumable
-        _exit(STOPPED_EXIT)
+        contents = execute(job, resuming, observer, on_call=heartbeat(lambda: tell(("alive",))), node=node)
+    except KeyboardInterrupt:  # a Ctrl-C inside the run: stopped, resumable
+        _flush()
+        return ("stopped", _log_tail(job))
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
+        _flush()
         detail = "".join(traceback.format_exception(err))[-4000:]
-        send(("failed", f"{type(err).__name__}: {err}", detail, observer.first_error))
-        conn.close()
+        outcome = ("failed", f"{type(err).__name__}: {err}", detail, observer.first_error, _log_tail(job))
         shutil.rmtree(job.staging, ignore_errors=True)
-        _exit(1)
+        return outcome
+    _flush()
     shutil.rmtree(job.staging, ignore_errors=True)
-    send(("done",))
-    conn.close()
-    _exit(0)
+    return ("done", contents)
 
 
-def _exit(code: int) -> None:
-    """End the process now, output flushed (not waiting for the app's threads or atexit hooks)."""
+def _flush() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
 
 
-__all__ = ["NO_LIPS", "LipsOffCheck", "check_code", "execute", "inputs_made_absolute", "run_process"]
+__all__ = ["NO_LIPS", "STOPPED_EXIT", "LipsOffCheck", "Place", "check_code", "execute",
+           "inputs_made_absolute", "run_task"]
