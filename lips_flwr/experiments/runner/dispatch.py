@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -174,10 +175,16 @@ class Outcome:
 
 @dataclass
 class Plan:
-    """The slots of a sweep on this cluster: ``slot`` CPUs a run, ``width`` runs of a seed at once."""
+    """The slots of a sweep on this cluster: ``slot`` CPUs a run, ``threads`` each, a seed's runs at once.
+
+    ``slot`` is ``cores // parallel`` (at most a node's CPUs); where more
+    runs at once are asked for than there are cores (``--jobs 3`` on 2
+    cores), it is the fraction ``cores / parallel``, so that Ray starts them
+    all, each with one thread, as the pool of processes did.
+    """
 
     parallel: int
-    slot: int
+    slot: float
     gpus: float
     groups: list[list[list[PreparedRun]]] = field(default_factory=list)  # seed -> seat -> runs
 
@@ -186,15 +193,21 @@ class Plan:
         cores = max(1, _cpus())
         widest = max([int(n["Resources"].get("CPU", 0)) for n in _nodes()] + [1])
         parallel = min(parallel or default_jobs(len(jobs), cores), len(jobs))
-        slot = max(1, min(cores // parallel, widest))
+        # (Ray counts resources to 1e-4: the fraction rounded down, so that `parallel` of them fit)
+        slot = float(max(1, min(cores // parallel, widest))) if parallel <= cores else (
+            math.floor(cores / parallel * 1e4) / 1e4)
         seeds: dict[int, list[PreparedRun]] = {}
         for job in jobs:
             seeds.setdefault(job.spec.seed, []).append(job)
         plan = cls(parallel, slot, gpus)
         for runs in seeds.values():
-            width = max(1, min(len(runs), parallel, widest // slot))
+            width = max(1, min(len(runs), parallel, int(widest / slot)))
             plan.groups.append([runs[i::width] for i in range(width)])
         return plan
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.slot))
 
     def bundle(self) -> dict[str, float]:
         return {"CPU": self.slot, **({"GPU": self.gpus} if self.gpus else {})}

@@ -301,11 +301,12 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
     from .dispatch import Plan, RayRuns, place_of
 
     plan = Plan.make(jobs, parallel, gpus_per_run)
-    threads = os.environ.get("OMP_NUM_THREADS") or str(plan.slot)
-    progress(f"running {len(jobs)} run(s), {plan.parallel} at a time on {plan.parallel * plan.slot} core(s) "
-             f"(a seed's runs on one node), {threads} thread(s) each unless a run's env says otherwise")
+    threads = os.environ.get("OMP_NUM_THREADS") or str(plan.threads)
+    cores = round(plan.parallel * plan.slot)
+    progress(f"running {len(jobs)} run(s), {plan.parallel} at a time on {cores} core(s) (a seed's runs on "
+             f"one node), {threads} thread(s) each unless a run's env says otherwise")
     given = {name: os.environ[name] for name in THREAD_VARIABLES if os.environ.get(name)}
-    tasks = RayRuns(plan, place_of(lambda job: {**given, **run_environment(job.spec, plan.slot)}),
+    tasks = RayRuns(plan, place_of(lambda job: {**given, **run_environment(job.spec, plan.threads)}),
                     lambda job: claim_staging(job, progress))
     board, watch, stalled = _Board(jobs, progress), StallWatch(stall_timeout), set()
     failure: str | None = None

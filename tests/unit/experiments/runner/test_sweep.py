@@ -418,3 +418,26 @@ def test_a_bare_word_beside_a_folder_of_its_name_is_a_setting_not_a_path(tmp_pat
     (tmp_path / "resnet").write_bytes(b"")
     config = {"dataset": "mnist", "model": "resnet", "here": ".", "there": "./mnist", "url": "http://x/mnist"}
     assert inputs_made_absolute(config, tmp_path) == {**config, "there": str(tmp_path / "mnist")}
+
+
+# --------------------------------------------------------------------------- Ray slots (issue 38)
+
+
+@pytest.mark.slow
+def test_a_seeds_runs_share_one_slot_group_and_more_jobs_than_cores_share_the_cores(local_ray, tmp_path):
+    """Each seed's runs in one placement group; ``--jobs`` above the cores gives each run a fraction of one."""
+    from lips_flwr.experiments.runner.dispatch import Plan
+
+    app, out = make_app(tmp_path / "app"), tmp_path / "out"
+    jobs = [prepare(spec(app, f"{arm}-seed{s}", seed=s), out) for s in (1, 2, 3) for arm in "ab"]
+    cores = int(local_ray.cluster_resources()["CPU"])
+    one = Plan.make(jobs, 1, 0.0)
+    assert (one.parallel, one.slot, one.threads) == (1, float(cores), cores)
+    assert [[[job.name for job in seat] for seat in group] for group in one.groups] == [
+        [["a-seed1", "b-seed1"]], [["a-seed2", "b-seed2"]], [["a-seed3", "b-seed3"]]]  # one at a time
+    many = Plan.make(jobs, cores + 1, 0.5)
+    assert many.parallel == cores + 1 and many.threads == 1 and many.bundle() == {"CPU": many.slot, "GPU": 0.5}
+    assert 0 < many.slot < 1 and many.slot * many.parallel <= cores
+    assert all(len(group) == 2 for group in many.groups)  # a seed's two arms at once, in one group
+    paths = run_sweep([job.spec for job in jobs[:3]], out, jobs=3, progress=lambda line: None)
+    assert all(read_result(path).observed["rounds"] for path in paths)
