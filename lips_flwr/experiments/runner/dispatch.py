@@ -17,7 +17,7 @@ down at the end. :func:`run_on_ray` then runs the jobs there:
   A seed's group is removed when its runs end, freeing its node for the
   next seed.
 - **progress** comes from the tasks through a mailbox actor (rounds, a
-  heartbeat as client calls end, notes), polled twice a second.
+  heartbeat as client calls end, notes), picked up as they come.
 - **faults**: a run whose node is lost (``NodeDiedError``) runs again, up to
   :data:`~.sweep.NODE_RETRIES` times, on a node Ray places its seed's group on
   again; its staging folder is claimed again first, so it continues where
@@ -56,7 +56,7 @@ from .slots import available_cores, default_jobs
 from .worker import Place, run_task
 
 Progress = Callable[[str], None]
-POLL_S = 0.5
+POLL_S = 0.1  # seconds the sweep waits for a task's event before it looks at placed groups and ended tasks
 
 
 @contextlib.contextmanager

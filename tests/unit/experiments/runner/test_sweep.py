@@ -441,3 +441,25 @@ def test_a_seeds_runs_share_one_slot_group_and_more_jobs_than_cores_share_the_co
     assert all(len(group) == 2 for group in many.groups)  # a seed's two arms at once, in one group
     paths = run_sweep([job.spec for job in jobs[:3]], out, jobs=3, progress=lambda line: None)
     assert all(read_result(path).observed["rounds"] for path in paths)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_node_without_the_output_folder_works_in_a_temporary_one_and_says_so(local_ray, tmp_path):
+    """A cluster node that does not share ``--out``: the run still returns its result, and one line says
+    that, stopped, it would start again at round 1 (its staging folder is not the sweep's)."""
+    from lips_flwr.experiments.runner.dispatch import _Mailbox, _task, place_of
+
+    app, out = make_app(tmp_path / "app"), tmp_path / "out"
+    job = prepare(spec(app, "far"), out)
+    assert not job.staging.exists()  # (never claimed: as the sweep's folder looks from another machine)
+    mailbox = _Mailbox.remote()
+    place = place_of(lambda job: {})(job)
+    outcome = local_ray.get(_task.remote(job, False, place, mailbox))
+    assert outcome[0] == "done", outcome
+    assert outcome[1]["identity"]["run_config"] == job.identity["run_config"]
+    assert outcome[1]["observed"]["rounds"]
+    events = [event for name, event in local_ray.get(mailbox.take.remote(0.0)) if name == "far"]
+    notes = [event[1] for event in events if event[0] == "note"]
+    assert len(notes) == 1 and "does not see the output folder" in notes[0]
+    assert "stopped, it starts again at round 1" in notes[0]
+    assert not out.exists()  # nothing written into the sweep's folder by the run
