@@ -328,6 +328,8 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
                             progress(f"[{started.name}] started ({started.identity['engine']})")
                     continue
                 job, seat, outcome = tasks.outcome(ref)
+                if outcome.kind == "failed":  # (nothing to continue; the folder is ours to remove)
+                    shutil.rmtree(job.staging, ignore_errors=True)
                 if outcome.kind == "done":
                     write_result(job.result, **outcome.event[1])
                     shutil.rmtree(job.staging, ignore_errors=True)

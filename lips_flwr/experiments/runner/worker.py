@@ -25,9 +25,11 @@ temporary folder instead, and says so: such a run, stopped, starts again at
 round 1.
 
 A run that fails (an exception, ``SystemExit`` included) returns its error,
-the first client error and the end of its log, and removes its staging
-folder; a Ctrl-C inside the run (``KeyboardInterrupt``) returns
-``("stopped", ...)`` and leaves the folder for a later sweep to resume.
+the first client error and the end of its log; a Ctrl-C inside the run
+(``KeyboardInterrupt``) returns ``("stopped", ...)``. The staging folder is
+the sweep's process's to remove (a finished or failed run's), never the
+run's: a worker that dies with the sweep (its raylet gone, an exception on
+the way out) leaves its progress for the next sweep to continue.
 """
 
 from __future__ import annotations
@@ -307,6 +309,7 @@ def run_task(job: PreparedRun, resuming: bool, place: Place, send: Callable[[tup
             send(event)
 
     observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: tell(("round", r)))
+    outcome: tuple
     try:
         contents = execute(job, resuming, observer, on_call=heartbeat(lambda: tell(("alive",))), node=node)
     except KeyboardInterrupt:  # a Ctrl-C inside the run: stopped, resumable
@@ -316,11 +319,12 @@ def run_task(job: PreparedRun, resuming: bool, place: Place, send: Callable[[tup
         _flush()
         detail = "".join(traceback.format_exception(err))[-4000:]
         outcome = ("failed", f"{type(err).__name__}: {err}", detail, observer.first_error, _log_tail(job))
+    else:
+        _flush()
+        outcome = ("done", contents)
+    if note is not None:  # (a temporary folder of this node's: the sweep's staging folder is the sweep's)
         shutil.rmtree(job.staging, ignore_errors=True)
-        return outcome
-    _flush()
-    shutil.rmtree(job.staging, ignore_errors=True)
-    return ("done", contents)
+    return outcome
 
 
 def _flush() -> None:
