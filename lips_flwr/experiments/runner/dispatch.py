@@ -4,7 +4,7 @@
 ``HOST:PORT``, ``ray://HOST:10001``; else ``RAY_ADDRESS``), or the Ray this
 process has joined already, or starts a local Ray sized to the machine
 without the dashboard, says in one line how long that took, and shuts it
-down at the end. :func:`run_on_ray` then runs the jobs there:
+down at the end. :func:`~.sweep.run_tasks` then runs the jobs there (:class:`RayRuns`):
 
 - **resources**: each run is a task of ``slot`` CPUs (``cores // jobs``,
   ``cores`` being the cluster's) and ``gpus_per_run`` GPUs (fractions
@@ -214,7 +214,7 @@ class Plan:
 
 
 class RayRuns:
-    """The tasks of one sweep on Ray: started seat by seat, their outcomes collected (:func:`run_on_ray`)."""
+    """The tasks of one sweep on Ray, started seat by seat, their outcomes collected (``sweep.run_tasks``)."""
 
     def __init__(self, plan: Plan, place: Callable[[PreparedRun], Place],
                  claim: Callable[[PreparedRun], bool]) -> None:
@@ -235,8 +235,7 @@ class RayRuns:
         """Start ``job`` (else the seat's next run) in ``seat``; the run started, ``None`` if none is left."""
         if job is None:
             if not seat.queue:
-                seat.busy = False
-                return None
+                return None  # (the caller frees the seat: :meth:`free`)
             job = seat.queue.pop(0)
         resuming = self.claim(job)
         strategy = PlacementGroupSchedulingStrategy(seat.group, placement_group_bundle_index=seat.index)
