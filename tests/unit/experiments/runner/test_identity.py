@@ -25,9 +25,10 @@ from lips_flwr.experiments.runner.apps import (
     with_modules,
 )
 from lips_flwr.experiments.runner.provenance import PACKAGE, code_identity_now
+from lips_flwr.experiments.runner.resume import claim_staging
 from lips_flwr.experiments.runner.runs import MODULES, RunSpec, identity_now, prepare, run_name
 from lips_flwr.experiments.runner.store import prune_staging, read_result, write_result
-from lips_flwr.experiments.runner.sweep import SweepFailed, claim_staging, plan, run_sweep
+from lips_flwr.experiments.runner.sweep import SweepFailed, plan, run_sweep
 
 HELPERS = '''\
 """Helpers of the tiny app, beside its package."""
@@ -212,6 +213,26 @@ def test_a_sweep_script_in_the_app_folder_is_not_the_apps_code(tmp_path, monkeyp
         module.__file__ = str(script if name == "__mp_main__" else app.folder / "helpers.py")
         monkeypatch.setitem(sys.modules, name, module)
     assert sorted(loaded_modules(app)) == ["helpers.py"]
+
+
+def test_module_files_resolve_as_path_resolve_does_through_links_and_dot_dots(tmp_path, monkeypatch):
+    """``loaded_modules`` resolves each folder once (a process holds thousands of modules): the same
+    paths as ``Path.resolve`` file by file, through a linked folder, a linked file, ``..`` after a link
+    and a path relative to the working folder."""
+    from lips_flwr.experiments.runner.apps import _resolved
+
+    real = tmp_path / "real" / "pkg"
+    real.mkdir(parents=True)
+    for name in ("a.py", "b.py"):
+        (real / name).write_text("x = 1\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    (real / "alias.py").symlink_to(real / "b.py")
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    paths = [str(real / "a.py"), str(tmp_path / "linked" / "pkg" / "a.py"), str(real / "alias.py"),
+             str(tmp_path / "linked" / "pkg" / ".." / "pkg" / "b.py"), "../linked/pkg/b.py",
+             str(tmp_path / "linked" / "pkg" / "gone.py")]
+    assert _resolved(paths) == [str(Path(path).resolve()) for path in paths]
 
 
 def test_a_broken_pyproject_is_named_wherever_the_app_is_read(tmp_path):
