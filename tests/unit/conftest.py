@@ -19,7 +19,7 @@ add_test_folders()
 def local_ray():
     """A local Ray sized to the machine, as a sweep starts it, for the whole test session."""
     ray = pytest.importorskip("ray")
-    from lips_flwr.experiments.runner.sweep import available_cores
+    from lips_flwr.experiments.runner.slots import available_cores
 
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=available_cores(), include_dashboard=False, log_to_driver=False,

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from ..runner.stall import DEFAULT_STALL_TIMEOUT
 
-STOPPED_EXIT = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 EXTRAS = ("ray", "scipy", "matplotlib")  # what compare needs beyond the package's own dependencies
 
 
@@ -139,7 +138,7 @@ def compare_main(args: argparse.Namespace) -> int:
     """Run ``compare``; every failure ends with one ``lips-flwr compare: ...`` line (see the module)."""
     from ..runner.apps import parse_overrides
     from ..runner.federation import node_count
-    from ..runner.sweep import SweepFailed
+    from ..runner.sweep import STOPPED_EXIT, SweepFailed
     from ..runner.worker import NO_LIPS
     from . import Comparison, run_compare
 

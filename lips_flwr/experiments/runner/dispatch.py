@@ -22,10 +22,8 @@ down at the end. :func:`~.sweep.run_tasks` then runs the jobs there (:class:`Ray
   :data:`~.sweep.NODE_RETRIES` times, on a node Ray places its seed's group on
   again; its staging folder is claimed again first, so it continues where
   the output folder is on storage every node sees, and starts at round 1
-  elsewhere (one line says which). Any other failure is not retried: the
-  first stops the sweep (:class:`~.sweep.SweepFailed`) once the running
-  runs end, an app-level one (:func:`~.sweep.app_failure`) or a stall at
-  once. A Ctrl-C cancels every task, keeping their staging folders.
+  elsewhere (one line says which). No other failure is retried
+  (:func:`~.sweep.run_tasks`).
 
 The sweep's process alone writes the output folder: a task returns its
 result file's contents (:func:`~.worker.run_task`).
@@ -39,7 +37,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -312,10 +309,4 @@ def _runtime_env(job: PreparedRun) -> dict[str, Any]:
     return {"runtime_env": {"env_vars": dict(job.spec.env)}} if job.spec.env else {}
 
 
-def place_of(env: Callable[[PreparedRun], dict[str, str]]) -> Callable[[PreparedRun], Place]:
-    """Each run's :class:`~.worker.Place`: this process's folder and import path, ``env(job)``."""
-    cwd, path = os.getcwd(), tuple(sys.path)
-    return lambda job: Place(cwd, path, env(job))
-
-
-__all__ = ["Outcome", "Plan", "RayRuns", "place_of", "ray_session"]
+__all__ = ["Outcome", "Plan", "RayRuns", "ray_session"]

@@ -17,21 +17,24 @@ any client runs.
 Before a stopped run is continued, :func:`staging_problem` reads every file
 it would continue from; one that is unreadable, damaged or inconsistent
 with the checkpoint's round makes the run start again at round 1, with the
-file named (:func:`~.sweep.claim_staging`): a run is continued whole or not
+file named (:func:`claim_staging`): a run is continued whole or not
 at all.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...persistence.npz_store import read_groups, write_groups
+from .runs import PreparedRun, not_resumable, staged_code_changes
+from .store import IDENTITY, staged_identity
 
 CONTEXTS = "client-contexts"
 FORMAT = "lips-flwr-client-contexts/1"
@@ -221,4 +224,35 @@ def _segments_problem(path: Path) -> str | None:
     return None
 
 
-__all__ = ["CONTEXTS", "ClientContexts", "contexts_path", "load_contexts", "save_contexts", "staging_problem"]
+def claim_staging(job: PreparedRun, progress: Callable[[str], None]) -> bool:
+    """Make ``job``'s staging folder its own; ``True`` when it continues a stopped run of its identity.
+
+    A stopped run is continued only whole: when the app can resume
+    (:func:`~.runs.not_resumable`) and every file it would continue from
+    reads whole and agrees with the checkpoint (:func:`staging_problem`).
+    Otherwise the folder is removed and the run starts at round 1, with one
+    line saying why.
+    """
+    identity = json.loads(json.dumps(job.identity))
+    if job.staging.exists():
+        saved = staged_identity(job.staging)
+        changed = staged_code_changes(job) if saved == identity else []
+        if saved != identity:
+            why = "it holds a run with another identity"
+        elif changed:
+            why = f"the app's code it ran changed: {', '.join(changed)}"
+        else:
+            why = not_resumable(job.run_config, job.identity["engine"]) or staging_problem(
+                job.staging, job.run_config) or ""
+            if not why:
+                progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
+                return True
+        progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
+        shutil.rmtree(job.staging)
+    job.staging.mkdir(parents=True)
+    (job.staging / IDENTITY).write_text(json.dumps(identity, indent=1, sort_keys=True))
+    return False
+
+
+__all__ = ["CONTEXTS", "ClientContexts", "claim_staging", "contexts_path", "load_contexts", "save_contexts",
+           "staging_problem"]

@@ -18,10 +18,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 DEFAULT_STALL_TIMEOUT = 300.0  # seconds: compare's default; a round of many slow clients still has calls end
-LOG_TAIL = 3000  # characters of a stalled run's log in its error
 
 
 class StallWatch:
@@ -45,12 +43,8 @@ class StallWatch:
         return [name for name in names if now - self._last.get(name, now) > self.seconds]
 
 
-def stalled_failure(name: str, seconds: float, log: Path) -> str:
-    """The error of the run ``name`` that showed no progress for ``seconds``: what it means, its log's end."""
-    try:
-        tail = log.read_text(errors="replace")[-LOG_TAIL:]
-    except OSError:
-        tail = "(no log)"
+def stalled_failure(name: str, seconds: float, tail: str) -> str:
+    """The error of the run ``name`` silent for ``seconds``: what it means, then its log's ``tail``."""
     return (f"[{name}] made no progress for {seconds:.0f} s (no round ended, no client call ended): it waits "
             f"for something that does not come, or one step takes longer than that; --stall-timeout "
             f"(stall_timeout) sets the limit; the end of its log:\n{tail}")

@@ -41,6 +41,8 @@ FORMAT = "lips-flwr-result/1"
 STAGING = ".staging"
 IDENTITY = "identity.json"  # a staging folder's first file: the identity it was claimed with
 LOCK = ".sweep.lock"
+LOG = "log"  # a run's output, in its staging folder
+LOG_TAIL = 3000  # characters of a run's log in its error
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,14 @@ def result_path(out: Path, name: str) -> Path:
 
 def staging_path(out: Path, name: str) -> Path:
     return out / STAGING / name
+
+
+def log_tail(staging: Path) -> str:
+    """The last :data:`LOG_TAIL` characters of a run's log, where this machine sees its staging folder."""
+    try:
+        return (staging / LOG).read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return "(no log on this machine)"
 
 
 def staged_identity(folder: Path) -> dict | None:

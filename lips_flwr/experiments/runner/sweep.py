@@ -14,71 +14,47 @@ each existing result file is checked:
 - two specs with one result name, or names of which one is a folder of the
   other (``x`` and ``x/y``: their staging folders would nest), are an error.
 
-Then ``<out>/.staging`` is tidied (:func:`~.store.prune_staging`): folders
-left half-made are removed, those of other runs' stopped, resumable
-progress are kept (logged). Each run, as it starts, claims its own
-``<out>/.staging/<name>/``: a folder left by a stopped run of the same
-identity is continued when it can be continued exactly (the app can resume
-and every file reads whole: :mod:`.resume`), else removed with a line
-saying why, and the run starts at round 1. Runs on the batched Grid are
-Ray tasks (:mod:`.dispatch`: a local Ray unless ``address`` names a
-cluster), each in a fresh worker process (:mod:`.worker`) in its staging
-folder, ``jobs`` at a time (:func:`default_jobs` of the cluster's CPUs
-unless given), each with ``cores // jobs`` CPUs and threads, a seed's runs
-on one node; ``flwr run`` runs (:mod:`.flwr_runs`) one after another, each
-on Flower's own local Ray simulation. The first failing run stops the sweep
-once the running runs end (:class:`SweepFailed`, with that run's first
-client error); a run's process that dies before reporting stops it too. A
-failure that every run would meet (the app builds no LIPS strategy for a
-LIPS-off run, a ``ConfigError``: :func:`app_failure`) stops the running
-runs at once, their staging folders kept. A run whose node is lost runs
-again (:data:`NODE_RETRIES`). A Ctrl-C of the sweep stops every run,
-keeping their staging folders, and raises :class:`SweepStopped`. With a
-``stall_timeout``, a run that shows no progress for that long fails with
-the end of its log (:mod:`.stall`). ``<out>/.sweep.lock`` keeps a second
-sweep out of ``out`` while one runs (a caller that prepares ``out`` first
-takes it earlier and passes it in).
+Then ``<out>/.staging`` is tidied (:func:`~.store.prune_staging`) and the
+runs run: on the batched Grid as Ray tasks (:func:`run_tasks`, :mod:`.dispatch`),
+each claiming its staging folder as it starts (:func:`~.resume.claim_staging`:
+a stopped run of the same identity is continued whole, or not at all); under
+``flwr run`` one after another (:mod:`.flwr_runs`). ``<out>/.sweep.lock``
+keeps a second sweep out of ``out`` while one runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .provenance import THREAD_VARIABLES
-from .resume import staging_problem
-from .runs import (
-    PreparedRun,
-    RunSpec,
-    identity_now,
-    legacy_run_config,
-    not_resumable,
-    prepare,
-    staged_code_changes,
-)
-from .slots import available_cores, default_jobs
+from .resume import claim_staging
+from .runs import PreparedRun, RunSpec, identity_now, legacy_run_config, prepare
 from .stall import StallWatch, stalled_failure
 from .store import (
     STAGING,
     SweepLock,
     differences,
+    log_tail,
     prune_staging,
     read_result,
     remove_empty,
-    staged_identity,
     write_result,
 )
-from .worker import NO_LIPS, STOPPED_EXIT
+from .worker import NO_LIPS, Place
 
 if TYPE_CHECKING:
     from .dispatch import Outcome
 
+STOPPED_EXIT = 130  # a sweep's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 NODE_RETRIES = 3  # times a run whose node was lost runs again (then it fails, its staging kept)
 
 Progress = Callable[[str], None]
@@ -168,36 +144,6 @@ def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> li
     return to_run
 
 
-def claim_staging(job: PreparedRun, progress: Progress) -> bool:
-    """Make ``job``'s staging folder its own; ``True`` when it continues a stopped run of its identity.
-
-    A stopped run is continued only whole: when the app can resume
-    (:func:`~.runs.not_resumable`) and every file it would continue from
-    reads whole and agrees with the checkpoint (:func:`~.resume.staging_problem`).
-    Otherwise the folder is removed and the run starts at round 1, with one
-    line saying why.
-    """
-    identity = json.loads(json.dumps(job.identity))
-    if job.staging.exists():
-        saved = staged_identity(job.staging)
-        changed = staged_code_changes(job) if saved == identity else []
-        if saved != identity:
-            why = "it holds a run with another identity"
-        elif changed:
-            why = f"the app's code it ran changed: {', '.join(changed)}"
-        else:
-            why = not_resumable(job.run_config, job.identity["engine"]) or staging_problem(
-                job.staging, job.run_config) or ""
-            if not why:
-                progress(f"[{job.name}] continuing its stopped run ({str(job.staging)!r})")
-                return True
-        progress(f"[{job.name}] removing {str(job.staging)!r} ({why}): starting at round 1")
-        shutil.rmtree(job.staging)
-    job.staging.mkdir(parents=True)
-    (job.staging / "identity.json").write_text(json.dumps(identity, indent=1, sort_keys=True))
-    return False
-
-
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds >= 3600:
@@ -239,14 +185,6 @@ class _Board:
         self.progress(f"[{name}] done ({len(self.finished)} of {len(self.total)} runs of the sweep)")
 
 
-def _log(job: PreparedRun) -> str:
-    """The end of a run's log, where this process sees its staging folder."""
-    try:
-        return (job.staging / "log").read_text(errors="replace")[-3000:]
-    except OSError:
-        return "(no log on this machine: the run's node does not share the output folder)"
-
-
 def _failure(job: PreparedRun, outcome: Outcome) -> str:
     """What to tell of a run that failed: its error and first client error, or how its process ended.
 
@@ -262,11 +200,9 @@ def _failure(job: PreparedRun, outcome: Outcome) -> str:
         return (f"[{job.name}] its node was lost {NODE_RETRIES + 1} times ({outcome.error}); its staging "
                 f"folder is kept for a later sweep to continue")
     if outcome.kind != "failed":
-        log = _log(job)
-        shutil.rmtree(job.staging, ignore_errors=True)
         return (f"[{job.name}] its process ended before reporting ({outcome.error}); the end of its "
-                f"log:\n{log}")
-    _, error, detail, client_error, _tail = outcome.event
+                f"log:\n{log_tail(job.staging)}")
+    _, error, detail, client_error = outcome.event
     text = f"[{job.name}] failed: {error}\n{detail.rstrip()}"
     if client_error:
         text += f"\n[{job.name}] the first client error:\n{client_error.rstrip()}"
@@ -288,17 +224,52 @@ def app_failure(event: tuple | None) -> bool:
                                    for line in detail.splitlines())
 
 
+class _CtrlC:
+    """A Ctrl-C (SIGINT) of the sweep's process, noted as well as raised: :meth:`check` raises it again.
+
+    Seen once in a loaded CI: a Ctrl-C at round 2 left a sweep running to
+    its end, the ``KeyboardInterrupt`` lost inside a Ray call. The handler
+    is the main thread's only (Python runs signal handlers there alone).
+    """
+
+    def __init__(self) -> None:
+        self.noted = False
+        self.previous = signal.getsignal(signal.SIGINT)
+        # (not where SIGINT is ignored, as for a `cmd &` of a script: the sweep keeps ignoring it)
+        self.mine = (threading.current_thread() is threading.main_thread()
+                     and self.previous is not signal.SIG_IGN)
+        if self.mine:
+            signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.noted = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.noted:
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        if self.mine:
+            signal.signal(signal.SIGINT, self.previous if self.previous is not None else signal.SIG_DFL)
+
+
 def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
               stall_timeout: float | None = None, gpus_per_run: float = 0.0) -> None:
     """Each job as a Ray task (:mod:`.dispatch`); ``SweepFailed`` for the first that failed.
 
-    ``parallel``: runs at once (``None``: :func:`default_jobs` of the
+    ``parallel``: runs at once (``None``: :func:`~.slots.default_jobs` of the
     cluster's CPUs), each with ``cores // parallel`` CPUs and threads. A job
-    claims its staging folder (:func:`claim_staging`) as its task starts: a
-    sweep that stops early leaves none for runs it never started. A run
-    silent for over ``stall_timeout`` seconds fails (:mod:`.stall`).
+    claims its staging folder as its task starts: a sweep that stops early
+    leaves none for runs it never started. The first failing run stops the
+    sweep once the running runs end; one that every run would meet
+    (:func:`app_failure`) stops them at once, their staging kept. A run
+    silent for over ``stall_timeout`` seconds is stopped and fails
+    (:mod:`.stall`). A run whose node is lost runs again
+    (:data:`NODE_RETRIES`). A Ctrl-C stops every run, their staging kept:
+    :class:`SweepStopped`.
     """
-    from .dispatch import Plan, RayRuns, place_of
+    from .dispatch import Plan, RayRuns
 
     plan = Plan.make(jobs, parallel, gpus_per_run)
     threads = os.environ.get("OMP_NUM_THREADS") or str(plan.threads)
@@ -306,13 +277,25 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
     progress(f"running {len(jobs)} run(s), {plan.parallel} at a time on {cores} core(s) (a seed's runs on "
              f"one node), {threads} thread(s) each unless a run's env says otherwise")
     given = {name: os.environ[name] for name in THREAD_VARIABLES if os.environ.get(name)}
-    tasks = RayRuns(plan, place_of(lambda job: {**given, **run_environment(job.spec, plan.threads)}),
+    cwd, path = os.getcwd(), tuple(sys.path)
+    tasks = RayRuns(plan, lambda job: Place(cwd, path, {**given, **run_environment(job.spec, plan.threads)}),
                     lambda job: claim_staging(job, progress))
     board, watch, stalled = _Board(jobs, progress), StallWatch(stall_timeout), set()
     failure: str | None = None
     halt: str | None = None  # (a run's app-level failure or a stall: the running runs are cancelled now)
+
+    def start(seat: Any, job: PreparedRun | None = None) -> PreparedRun | None:
+        """Start ``job`` (else the seat's next run) unless the sweep is failing; the run started."""
+        started = tasks.start(seat, job) if failure is None else None
+        if started is not None:
+            watch.heard(started.name)
+            progress(f"[{started.name}] started ({started.identity['engine']})")
+        return started
+
+    ctrl_c = _CtrlC()
     try:
         while tasks.waiting or tasks.running:
+            ctrl_c.check()
             for name, event in tasks.events():
                 watch.heard(name)
                 if event[0] == "round":
@@ -322,36 +305,25 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
             for ref in tasks.ended():
                 if ref in tasks.waiting:  # a seed's group is placed: its seats start
                     for seat in tasks.waiting.pop(ref):
-                        started = tasks.start(seat) if failure is None else None
-                        if started is not None:
-                            watch.heard(started.name)
-                            progress(f"[{started.name}] started ({started.identity['engine']})")
+                        start(seat)
                     continue
                 job, seat, outcome = tasks.outcome(ref)
-                if outcome.kind == "failed":  # (nothing to continue; the folder is ours to remove)
-                    shutil.rmtree(job.staging, ignore_errors=True)
+                if outcome.kind == "lost" and tasks.lost[job.name] <= NODE_RETRIES and failure is None:
+                    progress(f"[{job.name}] its node was lost ({outcome.error}): running it again")
+                    start(seat, job)
+                    continue
                 if outcome.kind == "done":
                     write_result(job.result, **outcome.event[1])
-                    shutil.rmtree(job.staging, ignore_errors=True)
                     board.finish(job.name)
-                elif outcome.kind == "lost" and tasks.lost[job.name] <= NODE_RETRIES and failure is None:
-                    progress(f"[{job.name}] its node was lost ({outcome.error}): running it again")
-                    tasks.start(seat, job)
-                    watch.heard(job.name)
-                    continue
-                elif outcome.kind == "cancelled" and job.name in stalled:
-                    shutil.rmtree(job.staging, ignore_errors=True)  # (its failure is told already)
                 elif outcome.kind != "cancelled" and failure is None:
                     failure = _failure(job, outcome)
                     if app_failure(outcome.event):
                         halt = job.name
                     else:
                         progress(f"[{job.name}] failed: the sweep stops once its running runs end")
-                nxt = tasks.start(seat) if failure is None else None
-                if nxt is not None:
-                    watch.heard(nxt.name)
-                    progress(f"[{nxt.name}] started ({nxt.identity['engine']})")
-                else:
+                if outcome.kind in ("done", "failed", "crashed") or job.name in stalled:
+                    shutil.rmtree(job.staging, ignore_errors=True)  # (nothing left to continue)
+                if start(seat) is None:
                     tasks.free(seat)
             if halt is not None and tasks.running:
                 names = ", ".join(job.name for job, _seat in tasks.running.values())
@@ -360,7 +332,7 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
                 tasks.cancel()
             for job, _seat in list(tasks.running.values()):
                 if job.name not in tasks.cancelled and watch.stalled([job.name]):
-                    message = stalled_failure(job.name, float(stall_timeout or 0), job.staging / "log")
+                    message = stalled_failure(job.name, float(stall_timeout or 0), log_tail(job.staging))
                     failure = failure or message
                     progress(message.splitlines()[0] + "; the sweep stops once its running runs end")
                     stalled.add(job.name)
@@ -373,6 +345,8 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
         if isinstance(err, KeyboardInterrupt) and not isinstance(err, SweepStopped):
             raise SweepStopped(stopped) from err
         raise
+    finally:
+        ctrl_c.close()
     tasks.settle()
     if failure is not None:
         raise SweepFailed(failure)
@@ -385,7 +359,7 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     """Run ``specs`` into ``out`` (see the module docstring); the result files, in the specs' order.
 
     ``jobs``: runs at once on the batched Grid, each with ``cores // jobs``
-    CPUs and threads; ``None``: :func:`default_jobs` for the runs to do.
+    CPUs and threads; ``None``: :func:`~.slots.default_jobs` for the runs to do.
     ``address``: the Ray cluster to run them on (:func:`~.dispatch.ray_session`;
     ``None``: ``RAY_ADDRESS``, else a local Ray); ``gpus_per_run``: the GPUs
     each run reserves (fractions allowed).
@@ -428,7 +402,7 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
 
                 with ray_session(address, progress):
                     run_tasks(batched, jobs, progress, stall_timeout, gpus_per_run)
-        except KeyboardInterrupt as err:  # (a Ctrl-C outside run_processes: a flwr run, a claim)
+        except KeyboardInterrupt as err:  # (a Ctrl-C outside run_tasks: a flwr run, a claim)
             if isinstance(err, SweepStopped):
                 raise
             raise SweepStopped([]) from err
@@ -437,5 +411,5 @@ def run_sweep(specs: Iterable[RunSpec], out: str | Path, jobs: int | None = None
     return [job.result for job in prepared]
 
 
-__all__ = ["NODE_RETRIES", "STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "available_cores",
-           "claim_staging", "default_jobs", "plan", "run_environment", "run_sweep", "run_tasks"]
+__all__ = ["NODE_RETRIES", "STOPPED_EXIT", "SweepFailed", "SweepStopped", "app_failure", "plan",
+           "run_environment", "run_sweep", "run_tasks"]

@@ -18,18 +18,12 @@ a run whose code changed fails, naming what changed. A LIPS-off run fails
 before its first train instruction reaches a client when the app built no
 LIPS strategy under the forcing (it would run as written).
 
-The process works in the run's staging folder (its ``cwd``), with the
-threads the sweep gave it (:func:`_settle_in`). On a node that does not see
-the sweep's output folder (a cluster without shared storage) it works in a
-temporary folder instead, and says so: such a run, stopped, starts again at
-round 1.
-
-A run that fails (an exception, ``SystemExit`` included) returns its error,
-the first client error and the end of its log; a Ctrl-C inside the run
-(``KeyboardInterrupt``) returns ``("stopped", ...)``. The staging folder is
-the sweep's process's to remove (a finished or failed run's), never the
-run's: a worker that dies with the sweep (its raylet gone, an exception on
-the way out) leaves its progress for the next sweep to continue.
+The process works in the run's staging folder (:func:`_settle_in`), or in
+a temporary one on a node that does not see it (:func:`_on_this_node`). The
+staging folder is the sweep's process's to remove (a finished or failed
+run's), never the run's: a worker that dies with the sweep (its raylet
+gone, an exception on the way out) leaves its progress for the next sweep
+to continue.
 """
 
 from __future__ import annotations
@@ -42,7 +36,6 @@ import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -57,13 +50,13 @@ from .observe import RunFailed, RunObserver
 from .provenance import code_identity_now, now_utc, provenance
 from .resume import ClientContexts
 from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
-from .stall import LOG_TAIL, heartbeat
+from .stall import heartbeat
+from .store import LOG, log_tail
 
 if TYPE_CHECKING:
     from ...strategies.options import Forcing
 
 SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
-STOPPED_EXIT = 130  # a sweep's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,57 +273,40 @@ def _on_this_node(job: PreparedRun) -> tuple[PreparedRun, str | None]:
     return dataclasses.replace(job, staging=local, run_config=config), note
 
 
-def _log_tail(job: PreparedRun) -> str:
-    try:
-        return (job.staging / "log").read_text(errors="replace")[-LOG_TAIL:]
-    except OSError:
-        return "(no log)"
-
-
 def run_task(job: PreparedRun, resuming: bool, place: Place, send: Callable[[tuple], None],
              node: dict[str, Any]) -> tuple:
     """The body of a run's Ray task (see the module docstring); its outcome.
 
     ``("done", contents)`` (the result file's ``identity``, ``provenance``,
     ``observed`` and ``app``), ``("failed", error, detail, first client
-    error, end of the log)`` or ``("stopped", end of the log)`` after a
-    Ctrl-C inside the run. ``node``: the provenance's record of this node.
+    error)`` or ``("stopped", end of the log)`` after a Ctrl-C inside the
+    run. ``node``: the provenance's record of this node. ``send`` is called
+    from the stacked engine's client threads too (the heartbeat): a Ray actor
+    handle may be called from any thread.
     """
     job, note = _on_this_node(job)
     if note is not None:
         send(("note", note))
         resuming = False
-    _redirect_output(job.staging / "log")
+    _redirect_output(job.staging / LOG)
     job = _settle_in(job, place)
-    lock = threading.Lock()  # (the heartbeat comes from the stacked engine's client threads too)
-
-    def tell(event: tuple) -> None:
-        with lock:
-            send(event)
-
-    observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: tell(("round", r)))
-    outcome: tuple
+    observer = RunObserver(job.staging, keep_model=job.resumable, on_round=lambda r: send(("round", r)))
     try:
-        contents = execute(job, resuming, observer, on_call=heartbeat(lambda: tell(("alive",))), node=node)
+        contents = execute(job, resuming, observer, on_call=heartbeat(lambda: send(("alive",))), node=node)
+        return ("done", contents)
     except KeyboardInterrupt:  # a Ctrl-C inside the run: stopped, resumable
-        _flush()
-        return ("stopped", _log_tail(job))
+        sys.stdout.flush()
+        sys.stderr.flush()  # (the log's end is read now)
+        return ("stopped", log_tail(job.staging))
     except BaseException as err:  # noqa: BLE001 - SystemExit too: a run that fails, reported
-        _flush()
         detail = "".join(traceback.format_exception(err))[-4000:]
-        outcome = ("failed", f"{type(err).__name__}: {err}", detail, observer.first_error, _log_tail(job))
-    else:
-        _flush()
-        outcome = ("done", contents)
-    if note is not None:  # (a temporary folder of this node's: the sweep's staging folder is the sweep's)
-        shutil.rmtree(job.staging, ignore_errors=True)
-    return outcome
+        return ("failed", f"{type(err).__name__}: {err}", detail, observer.first_error)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if note is not None:  # (this node's temporary folder; the sweep's staging folder is the sweep's)
+            shutil.rmtree(job.staging, ignore_errors=True)
 
 
-def _flush() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-
-
-__all__ = ["NO_LIPS", "STOPPED_EXIT", "LipsOffCheck", "Place", "check_code", "execute",
+__all__ = ["NO_LIPS", "LipsOffCheck", "Place", "check_code", "execute",
            "inputs_made_absolute", "run_task"]

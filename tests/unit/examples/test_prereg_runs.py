@@ -19,9 +19,10 @@ sys.path.insert(0, str(PAPER))
 
 import prereg  # noqa: E402
 
+from lips_flwr.experiments.runner.resume import claim_staging  # noqa: E402
 from lips_flwr.experiments.runner.runs import prepare  # noqa: E402
 from lips_flwr.experiments.runner.store import write_result  # noqa: E402
-from lips_flwr.experiments.runner.sweep import claim_staging, run_sweep  # noqa: E402
+from lips_flwr.experiments.runner.sweep import run_sweep  # noqa: E402
 from runner_apps import make_app  # noqa: E402
 
 

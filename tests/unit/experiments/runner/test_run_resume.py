@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from runner_apps import make_app
 
-from lips_flwr.experiments.runner.resume import CONTEXTS
+from lips_flwr.experiments.runner.resume import CONTEXTS, claim_staging
 from lips_flwr.experiments.runner.runs import RunSpec, prepare
 from lips_flwr.experiments.runner.store import read_result
-from lips_flwr.experiments.runner.sweep import SweepStopped, claim_staging, run_sweep
+from lips_flwr.experiments.runner.sweep import SweepStopped, run_sweep
 
 REPO = Path(__file__).resolve().parents[4]
 

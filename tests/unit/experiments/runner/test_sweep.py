@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ from runner_apps import make_app
 
 from lips_flwr.experiments.runner.observe import RunFailed, RunObserver, weighted_means
 from lips_flwr.experiments.runner.runs import RunSpec, prepare
+from lips_flwr.experiments.runner.slots import available_cores
 from lips_flwr.experiments.runner.store import read_result, write_result
-from lips_flwr.experiments.runner.sweep import SweepFailed, available_cores, plan, run_sweep
+from lips_flwr.experiments.runner.sweep import SweepFailed, plan, run_sweep
 
 # --------------------------------------------------------------------------- the observer
 
@@ -362,7 +364,8 @@ def test_a_lips_off_run_of_an_app_without_lips_fails_before_any_client_trains(tm
 
 
 def test_jobs_default_to_a_divisor_of_the_runs_and_threads_share_the_cores(monkeypatch):
-    from lips_flwr.experiments.runner.sweep import default_jobs, run_environment
+    from lips_flwr.experiments.runner.slots import default_jobs
+    from lips_flwr.experiments.runner.sweep import run_environment
 
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
@@ -447,13 +450,14 @@ def test_a_seeds_runs_share_one_slot_group_and_more_jobs_than_cores_share_the_co
 def test_a_run_on_a_node_without_the_output_folder_works_in_a_temporary_one_and_says_so(local_ray, tmp_path):
     """A cluster node that does not share ``--out``: the run still returns its result, and one line says
     that, stopped, it would start again at round 1 (its staging folder is not the sweep's)."""
-    from lips_flwr.experiments.runner.dispatch import _Mailbox, _task, place_of
+    from lips_flwr.experiments.runner.dispatch import _Mailbox, _task
+    from lips_flwr.experiments.runner.worker import Place
 
     app, out = make_app(tmp_path / "app"), tmp_path / "out"
     job = prepare(spec(app, "far"), out)
     assert not job.staging.exists()  # (never claimed: as the sweep's folder looks from another machine)
     mailbox = _Mailbox.remote()
-    place = place_of(lambda job: {})(job)
+    place = Place(os.getcwd(), tuple(sys.path), {})
     outcome = local_ray.get(_task.remote(job, False, place, mailbox))
     assert outcome[0] == "done", outcome
     assert outcome[1]["identity"]["run_config"] == job.identity["run_config"]
@@ -463,3 +467,31 @@ def test_a_run_on_a_node_without_the_output_folder_works_in_a_temporary_one_and_
     assert len(notes) == 1 and "does not see the output folder" in notes[0]
     assert "stopped, it starts again at round 1" in notes[0]
     assert not out.exists()  # nothing written into the sweep's folder by the run
+
+
+def test_a_ctrl_c_lost_inside_a_call_is_noted_and_raised_again_and_an_ignored_one_stays_ignored():
+    """A ``KeyboardInterrupt`` swallowed inside a call (as one Ray call did, once, in a loaded CI) is
+    raised again by the sweep's loop; the handler before is back after; SIGINT ignored stays ignored."""
+    import signal
+
+    from lips_flwr.experiments.runner.sweep import _CtrlC
+
+    before = signal.getsignal(signal.SIGINT)
+    ctrl_c = _CtrlC()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        pass  # (swallowed, as by the library call it interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c.check()
+    ctrl_c.close()
+    assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ignoring = _CtrlC()
+        os.kill(os.getpid(), signal.SIGINT)  # (ignored: nothing is raised)
+        ignoring.check()
+        ignoring.close()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
