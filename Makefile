@@ -1,14 +1,14 @@
 # Entry points, each does its own set-up on a fresh machine:
 #   make main         the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
-#   make test         everything CI runs (.ci/run): lint, then the whole suite, the installed
-#                     wheel, the lowest supported versions and the base install without
-#                     torch at once (about 23 min on 2 cores: 1394 s in a fresh-clone CI run)
+#   make test         everything CI runs (.ci/run): lint, then the whole suite (in two halves),
+#                     the installed wheel, the lowest supported versions and the base install
+#                     without torch at once (see .ci/run's timings)
 #   make test-fast    unit tests but the slow ones, one quick `flwr run` (about 1.5 min on 2 cores: 83 s): the inner loop
 #   make lint         ruff and mypy on lips_flwr/ (versions pinned in requirements-pins.txt)
 #   make test-wheel   build sdist + wheel, install the wheel in a fresh venv, run the
 #                     quickstart apps (both APIs) under `flwr run` against that install
-#   make test-lowest  unit tests at the lowest versions pyproject.toml claims
-#                     (requirements-lowest.txt; torch pinned below)
+#   make test-lowest  unit tests (of the slow ones, the sweep's) at the lowest versions
+#                     pyproject.toml claims (requirements-lowest.txt; torch pinned below)
 #   make test-no-torch  the wheel with its base dependencies only (flwr, numpy: no torch,
 #                     no Ray) in a fresh venv: the plugin imports and masks a round
 PYTHON ?= python3
@@ -25,7 +25,7 @@ QUICK_RUN    = tests/integration/test_flwr_run_examples.py::test_example_app_mas
 export FLWR_TELEMETRY_ENABLED = 0
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 
-.PHONY: setup data lint test test-suite test-fast test-fast-unit test-fast-plugin test-fast-rest test-fast-run test-unit test-wheel test-lowest \
+.PHONY: setup data lint test test-suite test-suite-apps test-suite-rest test-fast test-fast-unit test-fast-plugin test-fast-rest test-fast-run test-unit test-wheel test-lowest \
 	test-no-torch dist main clean
 
 setup: $(STAMP) data
@@ -50,16 +50,28 @@ lint: setup
 	$(BIN)/ruff check lips_flwr
 	$(BIN)/mypy lips_flwr
 
-# The wheel's and the lowest versions' venvs install (and test) while the suite runs: most of
-# the suite's time is Flower's deployment tests waiting on heartbeats, not the CPU. Each
+# The suite in two halves at once, about even in CPU seconds (the Flower App end-to-end tests;
+# the deployment tests, which wait on Flower's heartbeats, with the unit tests), while the
+# wheel's, the lowest versions' and the base install's venvs install and test: one pytest
+# process keeps one core busy at most, and the CPU, not waiting, is what CI spends. Each
 # target's output is printed whole when it ends.
 test: lint
-	$(MAKE) -j3 --output-sync=target test-suite test-wheel test-lowest test-no-torch
+	$(MAKE) -j5 --output-sync=target test-suite-apps test-suite-rest test-wheel test-lowest test-no-torch
 
+SUITE_APPS_OUT = --ignore=tests/integration/test_deployment.py
+test-suite-apps: setup
+	@date +"test-suite-apps: started %T"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration $(SUITE_APPS_OUT)
+	@date +"test-suite-apps: ended %T"
+
+test-suite-rest: setup
+	@date +"test-suite-rest: started %T"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration/test_deployment.py tests/unit
+	@date +"test-suite-rest: ended %T"
+
+# The whole suite in one process (what the two halves run), for whoever calls it alone.
 test-suite: setup
-	@date +"test-suite: started %T"
 	$(BIN)/python -m pytest -q --durations=15
-	@date +"test-suite: ended %T"
 
 # The unit tests in two halves at once (one core each), the quick flwr run on the core the first
 # half frees: beside both halves, its Ray start-up slowed them by more than it took.
@@ -101,6 +113,9 @@ test-wheel: dist
 	  -k server $(CURDIR)/tests/integration/test_flwr_run_examples.py
 	@date +"test-wheel: ended %T"
 
+# At the lowest versions: the unit tests but the slow ones (sweeps, child processes, timeouts:
+# 400 of their 550 CPU seconds), then the sweep's own tests whole (Ray tasks at the lowest flwr,
+# torch and Ray). The current versions run every test.
 test-lowest:
 	@date +"test-lowest: started %T"
 	rm -rf $(LOWEST_VENV)
@@ -111,7 +126,8 @@ test-lowest:
 	$(LOWEST_VENV)/bin/pip install -q --no-deps .
 	$(LOWEST_VENV)/bin/python -c "import flwr, numpy, torch, sys; print('lowest:', sys.version.split()[0], \
 	  'flwr', flwr.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
-	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit
+	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FAST_MARKS) tests/unit
+	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -m slow tests/unit/experiments/runner/test_sweep.py
 	@date +"test-lowest: ended %T"
 
 # The base install as a SuperLink or an edge client gets it: the wheel and flwr and numpy, at
