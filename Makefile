@@ -1,6 +1,6 @@
 # Entry points, each does its own set-up on a fresh machine:
 #   make main         the main job: FedBN vs LIPS with `flwr run` on offline Fashion-MNIST
-#   make test         everything CI runs (.ci/run): lint, then the whole suite (in two halves),
+#   make test         everything CI runs (.ci/run): lint and the whole suite (in two halves),
 #                     the installed wheel, the lowest supported versions and the base install
 #                     without torch at once (see .ci/run's timings)
 #   make test-fast    unit tests but the slow ones, one quick `flwr run` (about 1.5 min on 2 cores: 83 s): the inner loop
@@ -50,13 +50,13 @@ lint: setup
 	$(BIN)/ruff check lips_flwr
 	$(BIN)/mypy lips_flwr
 
-# The suite in two halves at once, about even in CPU seconds (the Flower App end-to-end tests;
-# the deployment tests, which wait on Flower's heartbeats, with the unit tests), while the
-# wheel's, the lowest versions' and the base install's venvs install and test: one pytest
-# process keeps one core busy at most, and the CPU, not waiting, is what CI spends. Each
-# target's output is printed whole when it ends.
-test: lint
-	$(MAKE) -j5 --output-sync=target test-suite-apps test-suite-rest test-wheel test-lowest test-no-torch
+# Lint and the suite in two halves at once, about even in CPU seconds (the Flower App
+# end-to-end tests; the deployment tests, which wait on Flower's heartbeats, with the unit
+# tests), while the wheel's, the lowest versions' and the base install's venvs install and
+# test: one pytest process keeps one core busy at most, and the CPU, not waiting, is what CI
+# spends. Each target's output is printed whole when it ends.
+test: setup
+	$(MAKE) -j5 --output-sync=target lint test-suite-apps test-suite-rest test-wheel test-lowest test-no-torch
 
 SUITE_APPS_OUT = --ignore=tests/integration/test_deployment.py
 test-suite-apps: setup

@@ -137,10 +137,10 @@ def _say(text: str) -> None:
 def compare_main(args: argparse.Namespace) -> int:
     """Run ``compare``; every failure ends with one ``lips-flwr compare: ...`` line (see the module)."""
     from ..runner.apps import parse_overrides
-    from ..runner.federation import node_count
     from ..runner.sweep import STOPPED_EXIT, SweepFailed
     from ..runner.worker import NO_LIPS
     from . import Comparison, run_compare
+    from .federation import node_count
 
     try:
         common, federation = parse_overrides(args.run_config)

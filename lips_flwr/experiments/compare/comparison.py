@@ -43,7 +43,7 @@ class Comparison:
     a: dict[str, Any] = field(default_factory=dict)
     b: dict[str, Any] = field(default_factory=dict)
     run_config: dict[str, Any] = field(default_factory=dict)
-    num_nodes: int | None = None  # None: what `flwr run` would use for the app (runner.federation)
+    num_nodes: int | None = None  # None: what `flwr run` would use for the app (compare.federation)
     metric: str | None = None
     last: int | None = None
     engine: str = "auto"
@@ -54,7 +54,7 @@ class Comparison:
         """The node count and where it came from: ``num_nodes`` as given, else ``flwr run``'s for the app."""
         if self.num_nodes is not None:
             return self.num_nodes, self.num_nodes_from
-        from ..runner.federation import node_count
+        from .federation import node_count
 
         found = node_count(self.app)
         return found.nodes, found.source

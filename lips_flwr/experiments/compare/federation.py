@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from .apps import load_app
+from ..runner.apps import load_app
 
 
 def flower_default() -> int:

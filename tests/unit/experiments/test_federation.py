@@ -10,7 +10,7 @@ import pytest
 from runner_apps import make_app
 
 from lips_flwr.errors import ConfigError
-from lips_flwr.experiments.runner.federation import flower_config_path, flower_default, node_count
+from lips_flwr.experiments.compare.federation import flower_config_path, flower_default, node_count
 
 APP_FEDERATIONS = """
 [tool.flwr.federations]
