@@ -208,9 +208,9 @@ def _resolved(paths: Iterable[str | Path]) -> list[str]:
     every file's whole path took 1.5 s of a tiny run.
     """
     folders: dict[str, str] = {}
-    found = []
+    found, cwd = [], os.getcwd()
     for path in paths:
-        head, tail = os.path.split(os.path.join(os.getcwd(), path))  # (no lexical '..': links first)
+        head, tail = os.path.split(os.path.join(cwd, path))  # (no lexical '..': links first)
         if head not in folders:
             folders[head] = os.path.realpath(head)
         full = os.path.join(folders[head], tail)

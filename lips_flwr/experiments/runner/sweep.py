@@ -282,7 +282,7 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
                     lambda job: claim_staging(job, progress))
     board, watch, stalled = _Board(jobs, progress), StallWatch(stall_timeout), set()
     failure: str | None = None
-    halt: str | None = None  # (a run's app-level failure or a stall: the running runs are cancelled now)
+    halt: str | None = None  # (a run's app-level failure: the running runs are cancelled now)
 
     def start(seat: Any, job: PreparedRun | None = None) -> PreparedRun | None:
         """Start ``job`` (else the seat's next run) unless the sweep is failing; the run started."""

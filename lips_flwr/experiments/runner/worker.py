@@ -51,7 +51,7 @@ from .provenance import code_identity_now, now_utc, provenance
 from .resume import ClientContexts
 from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
 from .stall import heartbeat
-from .store import LOG, log_tail
+from .store import IDENTITY, LOG, log_tail
 
 if TYPE_CHECKING:
     from ...strategies.options import Forcing
@@ -262,7 +262,7 @@ def _on_this_node(job: PreparedRun) -> tuple[PreparedRun, str | None]:
     the sweep's. The managed paths (checkpoint, client state, the app's
     results) move with it. The second value: the line saying so, or ``None``.
     """
-    if (job.staging / "identity.json").exists():
+    if (job.staging / IDENTITY).exists():
         return job, None
     local = Path(tempfile.mkdtemp(prefix="lips-flwr-run-"))
     before = str(job.staging)
