@@ -347,6 +347,9 @@ def local_flower(home: Path, *, pythonpath: list[str] | None = None, cwd: Path |
         ),
         PYTHONUNBUFFERED="1",
     )
+    # The simulation's Ray would run the ClientApps 15 steps nicer than this process, starved by any
+    # busy one beside them; they are the run's work (runner.dispatch.start_local_ray says more).
+    env.setdefault("RAY_worker_niceness", "0")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return LocalFlower(home=home, env=env, cwd=Path.cwd() if cwd is None else Path(cwd))
 

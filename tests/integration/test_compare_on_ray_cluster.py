@@ -40,8 +40,10 @@ def command(app: Path, out: Path, *extra: str) -> list[str]:
 @pytest.fixture()
 def cluster():
     head = {"num_cpus": 0, "include_dashboard": False,
+            # worker_niceness 0: the runs at the test's priority, as on the local Ray a sweep starts (at
+            # Ray's default 15, CI's other jobs beside this one starve them)
             "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
-                               "health_check_initial_delay_ms": 0}}
+                               "health_check_initial_delay_ms": 0, "worker_niceness": 0}}
     made = cluster_utils.Cluster(initialize_head=True, head_node_args=head)
     nodes = [made.add_node(num_cpus=1), made.add_node(num_cpus=1)]
     made.wait_for_nodes()

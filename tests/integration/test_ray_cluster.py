@@ -272,7 +272,8 @@ def test_paper_app_on_two_node_ray_cluster(machines, tmp_path):
     flwr_home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(NODE_ENV, HEAD_IP=HEAD_IP, NODE_IP=NODE_IP, RAY_TMPDIR=str(ray_tmp),
-               RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES=str(200 * 10**6))
+               RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES=str(200 * 10**6),
+               RAY_worker_niceness="0")  # (Ray's default 15 starves the ClientApps beside CI's other jobs)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
 
     # 1. The head, then a second node that does not see the head's Flower home.

@@ -7,8 +7,6 @@ pytest process, started at the first of them, instead of paying Ray's
 start and stop (about 5 s on 2 cores) each.
 """
 
-import logging
-
 import pytest
 from unit_paths import add_test_folders
 
@@ -19,11 +17,10 @@ add_test_folders()
 def local_ray():
     """A local Ray sized to the machine, as a sweep starts it, for the whole test session."""
     ray = pytest.importorskip("ray")
-    from lips_flwr.experiments.runner.slots import available_cores
+    from lips_flwr.experiments.runner.dispatch import start_local_ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=available_cores(), include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.ERROR)
+        start_local_ray()
     yield ray
     ray.shutdown()
 

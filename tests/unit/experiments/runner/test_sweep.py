@@ -427,6 +427,18 @@ def test_a_bare_word_beside_a_folder_of_its_name_is_a_setting_not_a_path(tmp_pat
 
 
 @pytest.mark.slow
+def test_runs_compute_at_the_sweeps_own_priority(local_ray):
+    """Ray makes its workers 15 steps nicer than the driver by default: beside four busy processes a
+    sweep's runs stalled. The local Ray a sweep starts (as this one) gives them the sweep's niceness."""
+
+    @local_ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert local_ray.get(niceness.remote()) == os.nice(0)
+
+
+@pytest.mark.slow
 def test_a_seeds_runs_share_one_slot_group_and_more_jobs_than_cores_share_the_cores(local_ray, tmp_path):
     """Each seed's runs in one placement group; ``--jobs`` above the cores gives each run a fraction of one."""
     from lips_flwr.experiments.runner.dispatch import Plan
