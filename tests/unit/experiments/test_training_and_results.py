@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,6 +31,24 @@ def test_each_client_gets_exact_sizes_and_matching_proportions():
         # Both are multinomial draws from the same Dir(alpha) proportions.
         assert np.abs(p_train - p_test).max() < 0.2
         assert set(np.flatnonzero(p_test > 0.1)) <= set(np.flatnonzero(p_train > 0))
+
+
+def test_the_digits_are_scikit_learns_without_importing_it():
+    """Read from scikit-learn's data file, the arrays load_digits gives, bit for bit; sklearn not imported."""
+    code = ("import sys\n"
+            "from lips_flwr.experiments.task.data.datasets import digits_arrays\n"
+            "digits_arrays()\n"
+            "print('sklearn' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from sklearn.datasets import load_digits
+
+    from lips_flwr.experiments.task.data.datasets import digits_arrays
+
+    images, target = digits_arrays()
+    digits = load_digits()
+    assert images.dtype == digits.images.dtype and target.dtype == digits.target.dtype
+    assert np.array_equal(images, digits.images) and np.array_equal(target, digits.target)
 
 
 def test_split_is_seeded_and_reproducible():

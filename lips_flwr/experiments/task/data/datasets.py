@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.util
 import os
 import struct
 from dataclasses import dataclass
@@ -96,13 +97,32 @@ def load_fashion_mnist(path: str | os.PathLike | None = None) -> ImageDataset:
                         y_te.astype(np.int64), 10, (0.2860,), (0.3530,))
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``load_digits`` gives them: images ``(1797, 8, 8)`` in 0..16, labels.
+
+    Read from scikit-learn's data file, as ``load_digits`` reads it, without
+    importing scikit-learn: that import is ~2 s of CPU, paid by every process
+    that loads a client (each ClientApp process of a deployed SuperNode). In
+    another package layout, ``load_digits`` itself.
+    """
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running it
+    folder = Path(spec.origin).parent if spec is not None and spec.origin else None
+    path = folder / "datasets" / "data" / "digits.csv.gz" if folder else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits  # optional dependency (extra "examples")
+
+        digits = load_digits()
+        return digits.images, digits.target
+    with gzip.open(path, mode="rt", encoding="utf-8") as rows:
+        data = np.loadtxt(rows, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def load_digits_dataset(seed: int = 0) -> ImageDataset:
     """scikit-learn's 8x8 digits, split 70/30 per class (seeded), scaled to 0..255."""
-    from sklearn.datasets import load_digits  # optional dependency (extra "examples")
-
-    digits = load_digits()
-    x = np.round(digits.images * (255 / 16)).astype(np.uint8)[:, None]
-    y = digits.target.astype(np.int64)
+    images, target = digits_arrays()
+    x = np.round(images * (255 / 16)).astype(np.uint8)[:, None]
+    y = target.astype(np.int64)
     rng = np.random.default_rng(seed)
     train, test = [], []
     for c in range(10):
@@ -158,6 +178,6 @@ def client_split(
 
 __all__ = [
     "DATASETS", "DATASET_INFO", "FASHION_MNIST_DIRS", "HF_NAMES", "ImageDataset",
-    "client_split", "load_dataset", "load_digits_dataset", "load_fashion_mnist",
+    "client_split", "digits_arrays", "load_dataset", "load_digits_dataset", "load_fashion_mnist",
     "load_hf_images", "read_idx",
 ]
