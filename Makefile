@@ -51,22 +51,24 @@ lint: setup
 	$(BIN)/mypy lips_flwr
 
 # Lint and the suite in two halves at once, about even in CPU seconds (the Flower App
-# end-to-end tests; the deployment tests, which wait on Flower's heartbeats, with the unit
-# tests), while the wheel's, the lowest versions' and the base install's venvs install and
-# test: one pytest process keeps one core busy at most, and the CPU, not waiting, is what CI
-# spends. Each target's output is printed whole when it ends.
+# end-to-end tests; the deployment tests, which wait on Flower's heartbeats, and the swap-in
+# ones with the unit tests), while the wheel's, the lowest versions' and the base install's
+# venvs install and test: one pytest process keeps one core busy at most, and the CPU, not
+# waiting, is what CI spends. Each target's output is printed whole when it ends.
 test: setup
 	$(MAKE) -j5 --output-sync=target lint test-suite-apps test-suite-rest test-wheel test-lowest test-no-torch
 
-SUITE_APPS_OUT = --ignore=tests/integration/test_deployment.py
+# (test_swap_in.py with the rest: in a CI at bd6f7e3 the apps half ended 150 s after it)
+SUITE_REST_INTEGRATION = tests/integration/test_deployment.py tests/integration/test_swap_in.py
 test-suite-apps: setup
 	@date +"test-suite-apps: started %T"
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration $(SUITE_APPS_OUT)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration \
+	  $(addprefix --ignore=,$(SUITE_REST_INTEGRATION))
 	@date +"test-suite-apps: ended %T"
 
 test-suite-rest: setup
 	@date +"test-suite-rest: started %T"
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/integration/test_deployment.py tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 $(SUITE_REST_INTEGRATION) tests/unit
 	@date +"test-suite-rest: ended %T"
 
 # The whole suite in one process (what the two halves run), for whoever calls it alone.
@@ -99,15 +101,21 @@ dist: setup
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 
+# The throwaway venvs (wheel, lowest versions, base install): pip compiles no .pyc files at
+# install (at the lowest versions 48 CPU-s with them, 16 without); the tests' first imports
+# compile what they use (~3 CPU-s) and keep it, PYTHONDONTWRITEBYTECODE set or not.
+PIP_INSTALL = install -q --no-compile
+test-wheel test-lowest test-no-torch: export PYTHONDONTWRITEBYTECODE =
+
 # The package as a user gets it: no editable install, nothing of the checkout on the path
 # (tests/integration/conftest.py checks where lips_flwr was imported from).
 test-wheel: dist
 	@date +"test-wheel: started %T"
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/pip install -q --upgrade pip
-	$(WHEEL_VENV)/bin/pip install -q $(TORCH)
-	$(WHEEL_VENV)/bin/pip install -q -r requirements-pins.txt "$$(ls dist/lips_flwr-*.whl)[examples]"
+	$(WHEEL_VENV)/bin/pip $(PIP_INSTALL) --upgrade pip
+	$(WHEEL_VENV)/bin/pip $(PIP_INSTALL) $(TORCH)
+	$(WHEEL_VENV)/bin/pip $(PIP_INSTALL) -r requirements-pins.txt "$$(ls dist/lips_flwr-*.whl)[examples]"
 	cd "$$(mktemp -d)" && LIPS_TEST_INSTALLED=1 $(abspath $(WHEEL_VENV))/bin/python -m pytest -q \
 	  -p no:cacheprovider -c $(CURDIR)/pyproject.toml --rootdir $(CURDIR) \
 	  -k server $(CURDIR)/tests/integration/test_flwr_run_examples.py
@@ -120,10 +128,10 @@ test-lowest:
 	@date +"test-lowest: started %T"
 	rm -rf $(LOWEST_VENV)
 	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(LOWEST_VENV)/bin/pip install -q --upgrade pip
-	$(LOWEST_VENV)/bin/pip install -q $(TORCH_LOWEST)
-	$(LOWEST_VENV)/bin/pip install -q -r requirements-lowest.txt
-	$(LOWEST_VENV)/bin/pip install -q --no-deps .
+	$(LOWEST_VENV)/bin/pip $(PIP_INSTALL) --upgrade pip
+	$(LOWEST_VENV)/bin/pip $(PIP_INSTALL) $(TORCH_LOWEST)
+	$(LOWEST_VENV)/bin/pip $(PIP_INSTALL) -r requirements-lowest.txt
+	$(LOWEST_VENV)/bin/pip $(PIP_INSTALL) --no-deps .
 	$(LOWEST_VENV)/bin/python -c "import flwr, numpy, torch, sys; print('lowest:', sys.version.split()[0], \
 	  'flwr', flwr.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__)"
 	$(LOWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(FAST_MARKS) tests/unit
@@ -138,7 +146,7 @@ test-no-torch: dist
 	rm -rf $(NOTORCH_VENV)
 	$(PYTHON) -m venv $(NOTORCH_VENV)
 	sed 's/\[[a-z,]*\]//' requirements-pins.txt > $(NOTORCH_VENV)/constraints.txt
-	$(NOTORCH_VENV)/bin/pip install -q -c $(NOTORCH_VENV)/constraints.txt "$$(ls dist/lips_flwr-*.whl)"
+	$(NOTORCH_VENV)/bin/pip $(PIP_INSTALL) -c $(NOTORCH_VENV)/constraints.txt "$$(ls dist/lips_flwr-*.whl)"
 	cd "$$(mktemp -d)" && $(abspath $(NOTORCH_VENV))/bin/python $(CURDIR)/tests/install/no_torch_check.py
 	@date +"test-no-torch: ended %T"
 
