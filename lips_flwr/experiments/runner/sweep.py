@@ -186,13 +186,8 @@ class _Board:
 
 
 def _failure(job: PreparedRun, outcome: Outcome) -> str:
-    """What to tell of a run that failed: its error and first client error, or how its process ended.
-
-    A process stopped by a Ctrl-C inside the run keeps its staging folder
-    (to continue), as does one whose node was lost more than
-    :data:`NODE_RETRIES` times; one that died before it could report (a
-    crash, a signal, the OOM killer: Ray does not tell which) loses it.
-    """
+    """What to tell of a run that failed: its error and first client error, or how its process ended
+    (whether its staging folder is kept is :func:`run_tasks`' rule; the message says which)."""
     if outcome.kind == "stopped":
         return (f"[{job.name}] its process was stopped (exit code {STOPPED_EXIT}, Ctrl-C); its staging "
                 f"folder is kept for a later sweep to continue; the end of its log:\n{outcome.event[1]}")
@@ -267,7 +262,8 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
     silent for over ``stall_timeout`` seconds is stopped and fails
     (:mod:`.stall`). A run whose node is lost runs again
     (:data:`NODE_RETRIES`). A Ctrl-C stops every run, their staging kept:
-    :class:`SweepStopped`.
+    :class:`SweepStopped`. A run that ends done, failed, crashed (a signal,
+    the OOM killer: Ray does not tell which) or stalled loses its staging.
     """
     from .dispatch import Plan, RayRuns
 
