@@ -44,15 +44,16 @@ _SAMPLE_SIZE = 1 << 14  # at most; at least every 16th entry
 
 def _bracket(flat: np.ndarray, kth: int):
     """``(lo, hi)``: a strided sample's values about ``2 sqrt(m)`` sample ranks below and above
-    the ``kth`` smallest entry's (:func:`kth_smallest`). The two ranks are found by
-    ``np.partition`` (NaN last, as in a sort): a sort of the sample cost more than the rest."""
+    the ``kth`` smallest entry's (:func:`kth_smallest`). Each is found by its own ``np.partition``
+    (NaN last, as in a sort), the second within the first's upper part: numpy 2.4 takes 6x as
+    long for one call with both ranks (0.24 against 0.04 ms for 16,384 float64)."""
     n = flat.size
     sample = flat[:: max(n // _SAMPLE_SIZE, 16)]
     m = sample.size
     at, margin = kth * m // n, 2 * math.isqrt(m) + 2
-    ranks = (max(at - margin, 0), min(at + margin, m - 1))
-    sample = np.partition(sample, ranks)
-    return sample[ranks[0]], sample[ranks[1]]
+    low, high = max(at - margin, 0), min(at + margin, m - 1)
+    sample = np.partition(sample, low)
+    return sample[low], np.partition(sample[low:], high - low)[high - low]
 
 
 def kth_smallest(flat: np.ndarray, kth: int):

@@ -374,6 +374,25 @@ def test_arrays_mismatch_shape():
     assert "'b'" in reason and "(5,)" in reason and "(4,)" in reason
 
 
+def test_masks_are_the_zeros_of_the_masked_layers_read_when_asked(small_net):
+    """outcome.masks: one boolean array per masked layer, True where the broadcast model is 0 (its
+    earlier zeros included); computed on first read, the same array on the next."""
+    core = LIPSCore(num_rounds=10, every=5, score="magnitude")
+    aggregate = perturbed(small_net)
+    aggregate[MIDDLE[0]].reshape(-1)[:3] = 0.0  # zeros before the mask: also True
+    outcome = core.round(1, aggregate, small_net)
+    assert list(outcome.masks) == list(MIDDLE) and len(outcome.masks) == len(MIDDLE)
+    assert dict(outcome.masks).keys() == set(MIDDLE)
+    for name in MIDDLE:
+        mask = outcome.masks[name]
+        assert mask.dtype == bool and mask.shape == aggregate[name].shape
+        np.testing.assert_array_equal(mask, outcome.model[name] == 0)
+        assert outcome.masks[name] is mask
+    assert outcome.masks[MIDDLE[0]].reshape(-1)[:3].all()
+    with pytest.raises(KeyError):
+        outcome.masks[next(n for n in aggregate if n not in MIDDLE)]
+
+
 # --------------------------------------------------------------------------- inertia
 def test_inertia_sees_the_unmasked_aggregate(small_net):
     """The diagnostics follow the aggregates, not the masked models; the mask's change is apart."""

@@ -11,7 +11,7 @@ import pytest
 from lips_flwr.core.masking import (
     kth_smallest, lowest_indices, lowest_mask, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
 )
-from lips_flwr.core.masking import _bracketed_lowest
+from lips_flwr.core.masking import _bracket, _bracketed_lowest
 from lips_flwr.core.schedule import MaskSchedule
 
 FLOATS = [np.float16, np.float32, np.float64]
@@ -551,6 +551,27 @@ def test_lowest_mask_within_the_bracket_is_the_plain_mask(name):
         np.testing.assert_array_equal(got, _plain_lowest_mask(flat, k), err_msg=f"{name} k={k}")
     if name != "mostly nan":  # (its sample's ranks are NaN: the plain path)
         assert _bracketed_lowest(flat, n // 3) is not None, name  # the bracket path is the one tested
+
+
+def _one_call_bracket(flat, kth):
+    """_bracket as it was before 2026-12-05: both sample ranks in one np.partition call."""
+    sample = flat[:: max(flat.size // 16_384, 16)]
+    m = sample.size
+    at, margin = kth * m // flat.size, 2 * math.isqrt(m) + 2
+    ranks = (max(at - margin, 0), min(at + margin, m - 1))
+    sample = np.partition(sample, ranks)
+    return sample[ranks[0]], sample[ranks[1]]
+
+
+@pytest.mark.parametrize("name", list(_large_score_arrays()))
+def test_bracket_by_two_partitions_is_the_one_call_bracket(name):
+    """Each rank by its own partition (6x faster in numpy 2.4) gives the same two values, NaN last."""
+    flat = _large_score_arrays()[name]
+    n = flat.size
+    for kth in (0, 1, n // 100, n // 3, n // 2, n - 101, n - 1):
+        got, want = _bracket(flat, kth), _one_call_bracket(flat, kth)
+        for g, w in zip(got, want):
+            assert (np.isnan(g) and np.isnan(w)) or g == w, (name, kth)
 
 
 @pytest.mark.parametrize("dtype", [*FLOATS, np.int8, np.int64, np.complex128, bool])
