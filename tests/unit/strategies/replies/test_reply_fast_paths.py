@@ -395,6 +395,17 @@ def test_a_masked_layer_is_serialized_as_flower_serializes_it(dtype, shape, layo
         array = array.copy(order="K")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, ">f8", np.dtype(np.float64, metadata={"unit": "m"}),
+                                   np.dtype([("a", "<f4"), ("b", ">i2")]), "U3", np.int8])
+@pytest.mark.filterwarnings("ignore:metadata on a dtype is not saved")  # (np.save's, in both)
+def test_an_arrays_dtype_name_is_flowers_twice(dtype):
+    """The remembered name of a builtin dtype (array_of) is str(dtype), and so is every other's."""
+    from lips_flwr._records import array_of
+
+    array = np.zeros(4, dtype=dtype)
+    assert [array_of(array).dtype for _ in range(2)] == [Array(array).dtype] * 2
+
+
 def test_a_structured_array_whose_header_np_save_may_write_in_another_format_is_serialized_by_np_save():
     from lips_flwr._records import array_of
 
