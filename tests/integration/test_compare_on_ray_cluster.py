@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -37,8 +39,19 @@ def command(app: Path, out: Path, *extra: str) -> list[str]:
             "--run-config", f"data-path='{app.parent / 'sequences.npz'}' num-server-rounds={ROUNDS}", *extra]
 
 
+# Where a plain `ray.init()` (Flower's simulation engine) looks for a cluster on this machine to join.
+SHARED_ADDRESS_FILE = Path(os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform == "linux"
+                                                            else None) or "/tmp") / "ray" / "ray_current_cluster"
+
+
 @pytest.fixture()
-def cluster():
+def cluster(monkeypatch):
+    # Ray's test cluster writes its address where every `ray.init()` without one looks (ray_current_cluster
+    # in Ray's temp folder): a `flwr run` in a test beside this one (make test runs two halves at once)
+    # joined it, ran its ClientApps on the node killed below and hung. A temp folder of its own (short:
+    # Ray's socket paths live in it) keeps the cluster to the `--address` that names it.
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     head = {"num_cpus": 0, "include_dashboard": False,
             # worker_niceness 0: the runs at the test's priority, as on the local Ray a sweep starts (at
             # Ray's default 15, CI's other jobs beside this one starve them)
@@ -49,10 +62,12 @@ def cluster():
     made.wait_for_nodes()
     yield made, nodes
     made.shutdown()
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_compare_on_two_nodes_survives_a_lost_node_and_equals_the_local_compare(app, tmp_path, cluster):
     made, (first, second) = cluster
+    assert not SHARED_ADDRESS_FILE.exists() or made.address not in SHARED_ADDRESS_FILE.read_text()
     local = subprocess.run(command(app, tmp_path / "local"), capture_output=True, text=True, timeout=600,
                            cwd=ROOT, env=ENV, check=False)
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
@@ -60,7 +75,8 @@ def test_compare_on_two_nodes_survives_a_lost_node_and_equals_the_local_compare(
 
     out = tmp_path / "cluster"
     proc = subprocess.Popen(command(app, out, "--address", made.address), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=ENV)
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**ENV, "RAY_TMPDIR": os.environ["RAY_TMPDIR"]})  # (the cluster's)
     seen: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
