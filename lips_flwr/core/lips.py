@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,21 +44,22 @@ class ZeroPositions(Mapping[str, np.ndarray]):
     (Flower's FedAdam) the comparisons cost 0.5 ms of a ResNet8 mask round (bench_server.py)."""
 
     def __init__(self, model: Model, names: list[str]) -> None:
-        self._model, self._names = model, names
+        self._arrays = {name: model[name] for name in names}  # (the arrays, whatever becomes of the dict)
         self._read: dict[str, np.ndarray] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._read:
-            if name not in self._names:
-                raise KeyError(name)
-            self._read[name] = self._model[name] == 0
+            self._read[name] = self._arrays[name] == 0  # (KeyError for another name)
         return self._read[name]
 
-    def __iter__(self):
-        return iter(self._names)
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self._arrays)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class RoundOutcome:
         mask round): every tensor in the aggregate's order, unmasked tensors
         being the aggregate's own objects. ``None``: broadcast the aggregate
         as it is.
-    masks : dict
+    masks : Mapping
         Per masked tensor, a boolean array, ``True`` where this round zeroed
         the broadcast model (the adapters zero the same positions in the
         wrapped strategies' caches); each computed when first read
@@ -455,4 +456,4 @@ def _mask_change(aggregate: Model, masked: Model, masks: Mapping[str, np.ndarray
     return {f"lips-mask-change/{n}": removed[n] / sizes[n] if sizes[n] > 0 else 0.0 for n in masks}
 
 
-__all__ = ["LIPSCore", "MODES", "OPTIONS", "RoundOutcome", "TRIGGER_OPTIONS"]
+__all__ = ["LIPSCore", "MODES", "OPTIONS", "RoundOutcome", "TRIGGER_OPTIONS", "ZeroPositions"]

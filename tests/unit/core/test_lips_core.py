@@ -389,6 +389,7 @@ def test_masks_are_the_zeros_of_the_masked_layers_read_when_asked(small_net):
         np.testing.assert_array_equal(mask, outcome.model[name] == 0)
         assert outcome.masks[name] is mask
     assert outcome.masks[MIDDLE[0]].reshape(-1)[:3].all()
+    assert MIDDLE[0] in outcome.masks and "no such layer" not in outcome.masks
     with pytest.raises(KeyError):
         outcome.masks[next(n for n in aggregate if n not in MIDDLE)]
 

@@ -11,7 +11,7 @@ import pytest
 from lips_flwr.core.masking import (
     kth_smallest, lowest_indices, lowest_mask, mask_layers, mask_lowest, model_update, num_zeros, zero_where,
 )
-from lips_flwr.core.masking import _bracket, _bracketed_lowest
+from lips_flwr.core.masking import _SAMPLE_SIZE, _bracket, _bracketed_lowest
 from lips_flwr.core.schedule import MaskSchedule
 
 FLOATS = [np.float16, np.float32, np.float64]
@@ -555,7 +555,7 @@ def test_lowest_mask_within_the_bracket_is_the_plain_mask(name):
 
 def _one_call_bracket(flat, kth):
     """_bracket as it was before 2026-12-05: both sample ranks in one np.partition call."""
-    sample = flat[:: max(flat.size // 16_384, 16)]
+    sample = flat[:: max(flat.size // _SAMPLE_SIZE, 16)]
     m = sample.size
     at, margin = kth * m // flat.size, 2 * math.isqrt(m) + 2
     ranks = (max(at - margin, 0), min(at + margin, m - 1))
