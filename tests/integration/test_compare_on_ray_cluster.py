@@ -39,9 +39,10 @@ def command(app: Path, out: Path, *extra: str) -> list[str]:
             "--run-config", f"data-path='{app.parent / 'sequences.npz'}' num-server-rounds={ROUNDS}", *extra]
 
 
-# Where a plain `ray.init()` (Flower's simulation engine) looks for a cluster on this machine to join.
-SHARED_ADDRESS_FILE = Path(os.environ.get("RAY_TMPDIR") or (os.environ.get("TMPDIR") if sys.platform == "linux"
-                                                            else None) or "/tmp") / "ray" / "ray_current_cluster"
+# Where a plain `ray.init()` (Flower's simulation engine) looks for a cluster on this machine to join
+# (Ray's rule on Linux).
+RAY_TEMP = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+SHARED_ADDRESS_FILE = Path(RAY_TEMP) / "ray" / "ray_current_cluster"
 
 
 @pytest.fixture()
