@@ -14,11 +14,11 @@ _DTYPE_NAMES: dict[np.dtype, str] = {}  # a builtin dtype -> str(dtype): 3 us in
 
 def _dtype_name(dtype: np.dtype) -> str:
     """``str(dtype)``, remembered for numpy's builtin dtypes (the few a model has)."""
-    name = _DTYPE_NAMES.get(dtype) if dtype.isbuiltin == 1 else None
+    if dtype.isbuiltin != 1:
+        return str(dtype)
+    name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = str(dtype)
-        if dtype.isbuiltin == 1:
-            _DTYPE_NAMES[dtype] = name
+        name = _DTYPE_NAMES[dtype] = str(dtype)
     return name
 
 
