@@ -42,7 +42,7 @@ from typing import cast
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import log
 
-from .._records import numpy_to_record, record_to_numpy
+from .._records import numpy_to_record, record_views
 from ..persistence.npz_store import read_groups, read_meta, write_groups
 from ..protocol import KEY_RUN, KEY_STATE_DIR, is_run_key
 from .state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
@@ -53,6 +53,9 @@ FORMAT = "lips-flwr-client-state"
 # A partition id or node id in a file name: a plain name, so the file stays in its folder.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _warned: set[tuple[str, str]] = set()  # (what, where): each problem is logged once per process
+# path -> (the file's identity when this process wrote it, its round): a save reads the round of the
+# file it replaces, and the file is nearly always the one this process wrote last (:func:`_saved_round`).
+_written: dict[str, tuple[tuple[int, int, int, int], int]] = {}
 
 
 def _warn_once(what: str, where: str, message: str, *args: object) -> None:
@@ -126,10 +129,15 @@ def _not_a_file(path: Path) -> bool:
 def _saved_round(path: Path) -> int | None:
     """The round a state file was saved after; ``None`` if missing or unreadable (logged).
 
-    OS errors (a folder that cannot be searched or read) propagate.
+    The file this process wrote there last, still there (:func:`_identity`),
+    is not read again: its round is remembered. OS errors (a folder that
+    cannot be searched or read) propagate.
     """
     if not path.exists() or _not_a_file(path):
         return None
+    known = _written.get(str(path))
+    if known is not None and known[0] == _identity(path):  # unchanged since this process wrote it
+        return known[1]
     try:
         meta = read_meta(path, "LIPS client state")  # the arrays are read only for the chosen file
         if meta.get("format") != FORMAT or not isinstance(meta.get("round"), int):
@@ -138,6 +146,13 @@ def _saved_round(path: Path) -> int | None:
         log(WARNING, "LIPS: client state not restored: %s", err)
         return None
     return meta["round"]
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    """Device, inode, size and modification time (ns) of the file at ``path``: another file written
+    there since (a rename makes a new inode, a rewrite a new time) has another identity."""
+    info = path.stat()
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _previous(path: Path) -> Path:
@@ -256,7 +271,7 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     if path is None:
         return
     present = [key for key in PERSISTED if key in state]
-    groups = {k: record_to_numpy(cast(ArrayRecord, state[k]))
+    groups = {k: record_views(cast(ArrayRecord, state[k]))  # read-only views: the file is written from them
               for k in present if isinstance(state[k], ArrayRecord)}
     configs = {k: dict(state[k]) for k in present if isinstance(state[k], ConfigRecord)}
     if not groups and not configs:
@@ -268,6 +283,7 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
         if last is not None and last < trained_round:
             os.replace(path, _previous(path))
         write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
+        _written[str(path)] = (_identity(path), trained_round)
     except OSError as err:
         _warn_once("save", str(path.parent), "LIPS: client state not kept on disk: cannot write "
                    "%r in the %s folder %r (%s: %s); training goes on without it",

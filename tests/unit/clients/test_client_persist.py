@@ -8,6 +8,7 @@ every training and reads them back in a new run with the same key.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -148,3 +149,19 @@ def test_a_round_the_server_lost_is_trained_again_from_the_state_before_it(tmp_p
     # Round 4 after the re-trained round 3: the files hold rounds 4 and 3.
     train_round(resumed, app, 4)
     assert sorted(read_groups(p, "state")[1]["round"] for p in tmp_path.iterdir()) == [3, 4]
+
+
+def test_a_file_another_writer_put_in_place_is_read_again_before_a_save(tmp_path):
+    """A save remembers the file it wrote (its round); a file put there since is read instead."""
+    app, ctx = FakeApp(), new_run_context(tmp_path)
+    name = f"lips-client-{KEY}-0.npz"
+    train_round(ctx, app, 1)
+    other = tmp_path / "other"
+    train_round(new_run_context(other), app, 7)
+    os.replace(other / name, tmp_path / name)  # another process's file, of a later round
+    train_round(ctx, app, 2)
+    # The round-7 file is replaced (a resumed run trains again), not kept as the previous round's.
+    assert not (tmp_path / name.replace(".npz", ".prev.npz")).exists()
+    assert read_groups(tmp_path / name, "state")[1]["round"] == 2
+    train_round(ctx, app, 3)  # the file this process wrote: round 2, kept as the previous one
+    assert read_groups(tmp_path / name.replace(".npz", ".prev.npz"), "state")[1]["round"] == 2
