@@ -148,10 +148,10 @@ def _saved_round(path: Path) -> int | None:
     return meta["round"]
 
 
-def _identity(path: Path) -> tuple[int, int, int, int]:
-    """Device, inode, size and modification time (ns) of the file at ``path``: another file written
-    there since (a rename makes a new inode, a rewrite a new time) has another identity."""
-    info = path.stat()
+def _identity(file: Path | os.stat_result) -> tuple[int, int, int, int]:
+    """Device, inode, size and modification time (ns) of a file (at a path, or its ``stat``): another
+    file written there since (a rename brings its own inode, a rewrite a new time) has another one."""
+    info = file.stat() if isinstance(file, Path) else file
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
@@ -282,8 +282,8 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
         last = _saved_round(path)
         if last is not None and last < trained_round:
             os.replace(path, _previous(path))
-        write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
-        _written[str(path)] = (_identity(path), trained_round)
+        written = write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
+        _written[str(path)] = (_identity(written), trained_round)
     except OSError as err:
         _warn_once("save", str(path.parent), "LIPS: client state not kept on disk: cannot write "
                    "%r in the %s folder %r (%s: %s); training goes on without it",

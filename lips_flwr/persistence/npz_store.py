@@ -78,8 +78,10 @@ def path_lock(path: str | os.PathLike) -> Iterator[None]:
         yield
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> None:
-    """Call ``write(f)`` on a temporary file beside ``path``, then rename it to ``path``.
+def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) -> os.stat_result:
+    """Call ``write(f)`` on a temporary file beside ``path``, then rename it to ``path``; the
+    ``os.stat_result`` of the file written, taken before the rename (which keeps its inode, size
+    and times): what another writer puts at ``path`` afterwards has another.
 
     The data is flushed to disk before ``os.replace``, so after a crash (even
     of the machine) ``path`` holds either the old file or the new one, whole.
@@ -97,7 +99,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
+                written = os.fstat(f.fileno())
             os.replace(tmp, target)
+            return written
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -152,8 +156,9 @@ _TEMPORARY = re.compile(r"(\d+)\.[A-Za-z0-9_]+")
 
 def write_groups(
     path: str | os.PathLike, groups: Mapping[str, Mapping[str, np.ndarray]], meta: Mapping
-) -> None:
-    """Write ``groups`` (group -> name -> array) and ``meta`` (JSON-able) to ``path`` atomically."""
+) -> os.stat_result:
+    """Write ``groups`` (group -> name -> array) and ``meta`` (JSON-able) to ``path`` atomically;
+    the written file's ``os.stat_result`` (:func:`write_atomic`)."""
     arrays: dict[str, np.ndarray] = {}
     names: dict[str, list[str]] = {}
     for group, tensors in groups.items():
@@ -163,7 +168,7 @@ def write_groups(
     header = json.dumps({**meta, "groups": names}).encode("utf-8")
     arrays[_META] = np.frombuffer(header, dtype=np.uint8)
     # Any values: numpy's stub would match a **dict against savez's `allow_pickle: bool`.
-    write_atomic(path, lambda f: np.savez(f, **cast(dict[str, Any], arrays)))
+    return write_atomic(path, lambda f: np.savez(f, **cast(dict[str, Any], arrays)))
 
 
 def _load(path: str | os.PathLike, what: str, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:

@@ -15,11 +15,12 @@ import pytest
 from flwr.app import Context, MessageType, RecordDict
 
 from flower_fakes import task_identity, tiny_model  # noqa: F401
+import lips_flwr.clients.persist as persist
 from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, persistent_state_mod
 from lips_flwr.clients.persist import state_path
 from lips_flwr.clients.state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
 from lips_flwr.core.layers import batch_norm_names
-from lips_flwr.persistence.npz_store import read_groups
+from lips_flwr.persistence.npz_store import read_groups, read_meta
 from test_clients import NAMES, FakeApp, UserClient, lips_config, message
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -151,17 +152,23 @@ def test_a_round_the_server_lost_is_trained_again_from_the_state_before_it(tmp_p
     assert sorted(read_groups(p, "state")[1]["round"] for p in tmp_path.iterdir()) == [3, 4]
 
 
-def test_a_file_another_writer_put_in_place_is_read_again_before_a_save(tmp_path):
+def test_a_file_another_writer_put_in_place_is_read_again_before_a_save(tmp_path, monkeypatch):
     """A save remembers the file it wrote (its round); a file put there since is read instead."""
+    read = []
+    monkeypatch.setattr(persist, "read_meta", lambda path, what: read.append(path) or read_meta(path, what))
     app, ctx = FakeApp(), new_run_context(tmp_path)
-    name = f"lips-client-{KEY}-0.npz"
+    name = tmp_path / f"lips-client-{KEY}-0.npz"
+    previous = name.with_name(name.name.replace(".npz", ".prev.npz"))
     train_round(ctx, app, 1)
+    train_round(ctx, app, 2)  # its own file of round 1 becomes the previous one, not read again
+    assert read == [] and read_groups(previous, "state")[1]["round"] == 1
     other = tmp_path / "other"
     train_round(new_run_context(other), app, 7)
-    os.replace(other / name, tmp_path / name)  # another process's file, of a later round
-    train_round(ctx, app, 2)
-    # The round-7 file is replaced (a resumed run trains again), not kept as the previous round's.
-    assert not (tmp_path / name.replace(".npz", ".prev.npz")).exists()
-    assert read_groups(tmp_path / name, "state")[1]["round"] == 2
-    train_round(ctx, app, 3)  # the file this process wrote: round 2, kept as the previous one
-    assert read_groups(tmp_path / name.replace(".npz", ".prev.npz"), "state")[1]["round"] == 2
+    os.replace(other / name.name, name)  # another process's file, of a later round
+    train_round(ctx, app, 3)
+    assert read == [name]  # read: not the file this process wrote there
+    # The round-7 file was replaced (a resumed run trains again), not kept as the previous round's.
+    assert read_groups(previous, "state")[1]["round"] == 1
+    assert read_groups(name, "state")[1]["round"] == 3
+    train_round(ctx, app, 4)  # the file this process wrote: round 3, kept as the previous one
+    assert read_groups(previous, "state")[1]["round"] == 3 and len(read) == 1
