@@ -30,12 +30,23 @@ def received(seed: int) -> dict[str, np.ndarray]:
     return state
 
 
-def test_every_parameter_and_buffer_is_the_received_one_as_load_state_dict_makes_it():
+def loaded_both_ways(state: dict[str, np.ndarray], monkeypatch) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``state`` loaded by ``load_received`` (which must not call ``load_state_dict``) and by ``load_state_dict``."""
+    ours, theirs = build_model("fashion-cnn", 10, 1), build_model("fashion-cnn", 10, 1)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("load_state_dict called")
+
+    monkeypatch.setattr(ours, "load_state_dict", refuse)
+    load_received(ours, numpy_to_record(state))
+    theirs.load_state_dict({name: torch.from_numpy(np.array(array)) for name, array in state.items()})
+    return ours, theirs
+
+
+def test_every_parameter_and_buffer_is_the_received_one_as_load_state_dict_makes_it(monkeypatch):
     state = received(1)
     assert any(a.dtype == np.int64 for a in state.values())  # the BN batch counts come too
-    ours, theirs = build_model("fashion-cnn", 10, 1), build_model("fashion-cnn", 10, 1)
-    load_received(ours, numpy_to_record(state))
-    theirs.load_state_dict({name: torch.from_numpy(array.copy()) for name, array in state.items()})
+    ours, theirs = loaded_both_ways(state, monkeypatch)
     for name, tensor in ours.state_dict().items():
         assert tensor.dtype == theirs.state_dict()[name].dtype
         assert tensor.numpy().tobytes() == state[name].tobytes(), name  # bit for bit
@@ -43,13 +54,23 @@ def test_every_parameter_and_buffer_is_the_received_one_as_load_state_dict_makes
     assert all(p.requires_grad for p in ours.parameters())  # still parameters a step can train
 
 
-def test_a_missing_an_extra_or_a_misshapen_tensor_is_load_state_dicts_error():
+def test_float64_and_fortran_order_arrays_are_cast_and_copied_as_load_state_dict_does(monkeypatch):
+    state = {name: np.asfortranarray(array.astype(np.float64)) if array.dtype.kind == "f" else array
+             for name, array in received(3).items()}
+    ours, theirs = loaded_both_ways(state, monkeypatch)
+    for name, tensor in ours.state_dict().items():
+        assert tensor.dtype == build_model("fashion-cnn", 10, 1).state_dict()[name].dtype  # the model's
+        assert torch.equal(tensor, theirs.state_dict()[name]), name
+
+
+def test_a_missing_an_extra_or_a_misshapen_tensor_is_an_error_naming_it():
     net, state = build_model("fashion-cnn", 10, 1), received(2)
     name = next(n for n, a in state.items() if a.ndim == 4)
-    missing = {n: a for n, a in state.items() if n != name}
-    with pytest.raises(RuntimeError, match=f"Missing key.*{name}"):
-        load_received(net, numpy_to_record(missing))
-    with pytest.raises(RuntimeError, match="Unexpected key.*extra"):
-        load_received(net, numpy_to_record({**state, "extra": np.zeros(3, np.float32)}))
-    with pytest.raises(RuntimeError, match=f"size mismatch for {name}"):
-        load_received(net, numpy_to_record({**state, name: state[name][:1]}))
+    count = next(n for n in state if n.endswith("num_batches_tracked"))
+    for record, what in (({n: a for n, a in state.items() if n != name}, f"missing \\['{name}'\\]"),
+                         ({n: a for n, a in state.items() if n != count}, f"missing \\['{count}'\\]"),
+                         ({**state, "extra": np.zeros(3, np.float32)}, "unexpected \\['extra'\\]"),
+                         ({**state, name: state[name][:1]}, f"other shapes \\[{name} \\(1, 1, 3, 3\\) for"),
+                         ({**state, count: state[count].reshape(1)}, f"other shapes \\[{count} \\(1,\\) for \\(\\)\\]")):
+        with pytest.raises(ValueError, match=f"does not fit this one: .*{what}"):
+            load_received(net, numpy_to_record(record))
