@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -210,9 +211,13 @@ def _pct(entry: dict) -> str:
 
 
 def _diff(entry: dict | None) -> str:
+    """``+0.17 [-0.63, +0.97]``; without an interval when every seed has the same difference."""
     if entry is None:
         return "-"
-    return f"{100 * entry['mean']:+.2f} [{100 * entry['ci_low']:+.2f}, {100 * entry['ci_high']:+.2f}]"
+    head = f"{100 * entry['mean']:+.2f}"
+    if math.isnan(entry["ci_low"]):  # no spread to build one on (lips_flwr.experiments.stats.paired)
+        return f"{head} (every seed the same)"
+    return f"{head} [{100 * entry['ci_low']:+.2f}, {100 * entry['ci_high']:+.2f}]"
 
 
 def _events(runs: list[dict], most: int = 30) -> str:

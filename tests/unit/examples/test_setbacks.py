@@ -141,3 +141,11 @@ def test_the_committed_study_has_19_mask_rounds_per_lips_run_and_19_placebo_roun
             assert counted["counts"]["mask"]["rounds"] == 19  # rounds 6, 11, ..., 96
     assert "vs_fedbn" in methods["lips"] and "vs_fedbn" not in methods["fedbn"]
     assert json.dumps(methods)  # what setbacks.json holds
+
+
+def test_a_difference_the_same_for_every_seed_has_no_interval_in_the_report():
+    from lips_flwr.experiments.stats import paired
+
+    assert setbacks._diff(paired([0.0, 0.0, 0.0])) == "+0.00 (every seed the same)"  # not "[+nan, +nan]"
+    assert setbacks._diff(paired([0.01, 0.03])).startswith("+2.00 [")
+    assert setbacks._diff(None) == "-"
