@@ -133,7 +133,7 @@ def load_received(net: torch.nn.Module, record: ArrayRecord) -> None:
     What ``net.load_state_dict(state)`` does for the paper's models (plain
     convolution, linear and batch-norm layers: no load hooks, no loading of
     their own): a ``Tensor.copy_`` of each array, the tensor's dtype kept, in
-    a third of the time (135 against 368 us for ``fashion-cnn``; none of its
+    half the time (180 against 376 us for ``fashion-cnn``; none of its
     per-module checks and hooks). Stricter where ``load_state_dict`` is
     lenient (it takes a 1-element array for a 0-d tensor, and leaves a
     BatchNorm's ``num_batches_tracked`` as it was when the array is missing):
