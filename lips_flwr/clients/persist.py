@@ -136,7 +136,7 @@ def _saved_round(path: Path) -> int | None:
     if not path.exists() or _not_a_file(path):
         return None
     known = _written.get(str(path))
-    if known is not None and known[0] == _identity(path):  # unchanged since this process wrote it
+    if known is not None and known[0] == _identity(path.stat()):  # unchanged since this process wrote it
         return known[1]
     try:
         meta = read_meta(path, "LIPS client state")  # the arrays are read only for the chosen file
@@ -148,10 +148,9 @@ def _saved_round(path: Path) -> int | None:
     return meta["round"]
 
 
-def _identity(file: Path | os.stat_result) -> tuple[int, int, int, int]:
-    """Device, inode, size and modification time (ns) of a file (at a path, or its ``stat``): another
-    file written there since (a rename brings its own inode, a rewrite a new time) has another one."""
-    info = file.stat() if isinstance(file, Path) else file
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """Device, inode, size and modification time (ns) of a file's ``stat``: another file written
+    there since (a rename brings its own inode, a rewrite a new time) has another one."""
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
