@@ -103,21 +103,27 @@ def npy_header(data: bytes) -> tuple[bytes, tuple[int, ...], np.dtype, int] | No
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
-    """The bytes ``np.save(f, array, allow_pickle=False)`` writes, for a C-contiguous ``array``.
+    """The bytes ``np.save(f, array, allow_pickle=False)`` writes: :func:`npy_parts` joined in one
+    allocation (one part, the first array of a dtype and shape or any other array, is returned as is)."""
+    return b"".join(npy_parts(array))
+
+
+def npy_parts(array: np.ndarray) -> tuple[bytes | memoryview, ...]:
+    """The bytes ``np.save(f, array, allow_pickle=False)`` writes, as parts to write one after another.
 
     A model's arrays have a few dtypes and shapes, and ``np.save`` builds and
     formats the same header for every one of them (most of a small array's
     serialization time), writes the data in chunks and a ``BytesIO`` copies it
     out again. Here the header of the first array of a dtype and shape is cut
-    from ``np.save``'s own output and kept; a later array is that header
-    joined to the array's bytes in one allocation, which is what ``np.save``
-    writes after the header for a C-contiguous array. Any other array
+    from ``np.save``'s own output and kept; a later C-contiguous array is two
+    parts, that header and a view of the array's own bytes, which is what
+    ``np.save`` writes after the header for such an array. Any other array
     (Fortran order or strided, object or structured dtypes, dtypes with
-    metadata) goes through ``np.save`` every time, with its errors.
+    metadata) goes through ``np.save`` every time, with its errors: one part.
     """
     dtype = array.dtype
     if not array.flags.c_contiguous or dtype.hasobject or dtype.fields is not None or dtype.metadata:
-        return _saved(array)
+        return (_saved(array),)
     key = (dtype, array.shape)
     head = _write_headers.get(key)
     if head is None:
@@ -125,8 +131,8 @@ def npy_bytes(array: np.ndarray) -> bytes:
         if len(_write_headers) >= _MAX_WRITE_HEADERS:  # a stream of ever new shapes: start over
             _write_headers.clear()
         _write_headers[key] = data[: len(data) - array.nbytes]
-        return data
-    return b"".join((head, array.reshape(-1).view(np.uint8).data))
+        return (data,)
+    return head, array.reshape(-1).view(np.uint8).data
 
 
 def _saved(array: np.ndarray) -> bytes:

@@ -28,9 +28,11 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO
 
 import numpy as np
+
+from .npz_writer import write_npz
 
 _META = "__meta__"
 
@@ -167,8 +169,7 @@ def write_groups(
             arrays[f"{group}/{i}"] = np.asarray(tensor)  # positions: names may hold any character
     header = json.dumps({**meta, "groups": names}).encode("utf-8")
     arrays[_META] = np.frombuffer(header, dtype=np.uint8)
-    # Any values: numpy's stub would match a **dict against savez's `allow_pickle: bool`.
-    return write_atomic(path, lambda f: np.savez(f, **cast(dict[str, Any], arrays)))
+    return write_atomic(path, lambda f: write_npz(f, arrays))
 
 
 def _load(path: str | os.PathLike, what: str, arrays: bool) -> tuple[dict[str, np.ndarray], dict]:
