@@ -4,7 +4,7 @@ A Message API ``LIPS(FedAvg())`` with ``checkpoint_path=`` writes the
 checkpoint after round ``r - 1`` at the start of round ``r``, in
 ``configure_train`` (``_save_checkpoint`` -> ``lips_flwr.strategies.resume.keeper.CheckpointKeeper.save``:
 the LIPS core's state, the wrapped strategies' model-shaped state, Python's
-``random`` state and the metrics history, written by ``np.savez`` to a
+``random`` state and the metrics history, written by ``write_npz`` (an ``np.savez`` archive) to a
 temporary file beside the target, flushed, **fsync'ed** and ``os.replace``'d).
 So what is timed here is the train half of a round's server work,
 ``configure_train(r)`` + ``aggregate_train(r)`` of N client replies

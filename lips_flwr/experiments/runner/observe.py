@@ -62,6 +62,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from ...core.inertia import relative_step
 from ...core.layers import select_layers
 from ...persistence.npz_store import write_atomic
+from ...persistence.npz_writer import write_npz
 from ..results import write_json_atomic
 from .strategy_log import Heard, StrategyLog
 
@@ -296,7 +297,7 @@ class RunObserver:
         self._last = (index, weights)
         if self.keep_model and self.staging is not None:
             saved: dict[str, Any] = {**weights, "__round__": np.array(index)}
-            write_atomic(self.staging / "last-global.npz", lambda f: np.savez(f, allow_pickle=False, **saved))
+            write_atomic(self.staging / "last-global.npz", lambda f: write_npz(f, saved))
 
     # -- records -------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
