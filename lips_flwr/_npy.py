@@ -135,6 +135,20 @@ def npy_parts(array: np.ndarray) -> tuple[bytes | memoryview, ...]:
     return head, array.reshape(-1).view(np.uint8).data
 
 
+def is_npy_bytes(data: bytes, array: np.ndarray) -> bool:
+    """Whether ``data`` is exactly :func:`npy_bytes` of ``array``, given ``array`` = ``read_npy(data)``:
+    its header is the one ``np.save`` writes for a C-contiguous array of that dtype and shape
+    (made once, :func:`npy_parts`), and nothing follows the array's bytes."""
+    dtype = array.dtype
+    if not array.flags.c_contiguous or dtype.hasobject or dtype.fields is not None or dtype.metadata:
+        return False
+    key = (dtype, array.shape)
+    if key not in _write_headers:
+        npy_parts(array)  # makes and keeps the header of this dtype and shape
+    head = _write_headers.get(key)
+    return head is not None and len(data) == len(head) + array.nbytes and data.startswith(head)
+
+
 def _saved(array: np.ndarray) -> bytes:
     buffer = BytesIO()
     np.save(buffer, array, allow_pickle=False)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from ._npy import NUMPY_SERIALIZATION, npy_bytes, read_npy
+from ._npy import NUMPY_SERIALIZATION, is_npy_bytes, npy_bytes, read_npy
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}  # a builtin dtype -> str(dtype): 3 us in numpy 2 (Python code)
 
@@ -35,6 +35,17 @@ def array_of(ndarray: np.ndarray) -> Array:
     # (An object array is refused by np.save without pickle, as in Flower: a ValueError.)
     return Array(dtype=_dtype_name(ndarray.dtype), shape=tuple(ndarray.shape), stype=NUMPY_SERIALIZATION,
                  data=npy_bytes(ndarray))
+
+
+def as_npy_array(array: Array) -> Array:
+    """``array_of(array_view(array))``: ``array`` itself when it is already that (the same bytes,
+    dtype and shape: :func:`lips_flwr._npy.is_npy_bytes`), else that copy of its values (from Fortran
+    order or another header, without bytes past the array's end). To keep a record's Array."""
+    if array.stype != NUMPY_SERIALIZATION:
+        return array_of(array_view(array))
+    view = read_npy(array.data)
+    same_fields = array.dtype == _dtype_name(view.dtype) and tuple(array.shape) == view.shape
+    return array if same_fields and is_npy_bytes(array.data, view) else array_of(view)
 
 
 def array_view(array: Array) -> np.ndarray:

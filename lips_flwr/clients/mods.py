@@ -20,11 +20,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, Message
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 
-from .._records import array_view, numpy_to_record, record_views
+from .._records import numpy_to_record, record_views
 from ..core.layers import batch_norm_names
 from ..protocol import config_round
 from .persist import load_state, save_state, state_path
-from .state import after_training, before_training, client_salt, restore_local, save_local
+from .state import after_training, before_training, client_salt, restore_local_record, save_local_record
 
 ClientAppCallable = Callable[[Message, Context], Message]
 _R = TypeVar("_R")
@@ -129,15 +129,13 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
             return call_next(msg, context)
         key, record = found
         names = local_names(record)
-        received = {n: array_view(record[n]) for n in names}  # only what may be replaced (read-only)
-        restored = restore_local(context.state, received, names)
-        changed = [n for n in restored if restored[n] is not received[n]]
-        if changed:
-            msg.content[key] = numpy_to_record(restored, record, changed)
+        restored = restore_local_record(context.state, record, names)
+        if restored is not record:
+            msg.content[key] = restored
         reply = call_next(msg, context)
         out = _single(reply, ArrayRecord) if not reply.has_error() else None
         if out is not None and _kind(msg) == MessageType.TRAIN:
-            save_local(context.state, {n: array_view(out[1][n]) for n in names if n in out[1]}, names)
+            save_local_record(context.state, out[1], names)
         return reply
 
     return fedbn_mod

@@ -14,7 +14,7 @@ from typing import cast
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-from .._records import array_view, numpy_to_record, record_views
+from .._records import array_view, as_npy_array, numpy_to_record, record_of, record_views
 from ..core.client_masking import client_mask, iter_local_update
 from ..core.inertia import update_norms
 from ..protocol import KEY_CLIENT_ZEROS, ClientRoundConfig, parse_train_config
@@ -38,6 +38,30 @@ def save_local(state: RecordDict, arrays: Mapping[str, np.ndarray], names: Seque
     """Keep the ``names`` tensors of the trained model for the next round (FedBN)."""
     if names:
         state[LOCAL_KEY] = numpy_to_record({n: arrays[n] for n in names if n in arrays})
+
+
+def restore_local_record(state: RecordDict, record: ArrayRecord, names: Sequence[str]) -> ArrayRecord:
+    """:func:`restore_local` for a received ArrayRecord: ``record`` with its ``names`` Arrays replaced
+    by this client's own where they have the received shape, or ``record`` itself when none is.
+
+    The client's Arrays go in as they are: each holds the C-order ``.npy``
+    of its values (:func:`save_local_record`, :func:`save_local`), the bytes
+    a copy of them would be serialized to again.
+    """
+    if LOCAL_KEY not in state or not names:
+        return record
+    own = cast(ArrayRecord, state[LOCAL_KEY])
+    mine = {name: own[name] for name in names
+            if name in own and name in record and tuple(own[name].shape) == array_view(record[name]).shape}
+    return record_of({name: mine.get(name, array) for name, array in record.items()}) if mine else record
+
+
+def save_local_record(state: RecordDict, record: ArrayRecord, names: Sequence[str]) -> None:
+    """:func:`save_local` for a reply's ArrayRecord: its ``names`` Arrays kept as they are where
+    they hold C-order ``.npy`` bytes (an Array is a value: nothing changes one in place), else
+    serialized again from their values (:func:`lips_flwr._records.as_npy_array`)."""
+    if names:
+        state[LOCAL_KEY] = record_of({name: as_npy_array(record[name]) for name in names if name in record})
 
 
 def client_salt(context: Context) -> tuple[int, ...]:
@@ -104,5 +128,5 @@ def after_training(
 
 __all__ = [
     "LOCAL_KEY", "SIGNAL_KEY", "SIGNAL_ROUND_KEY", "after_training", "before_training", "client_salt",
-    "restore_local", "save_local",
+    "restore_local", "restore_local_record", "save_local", "save_local_record",
 ]
