@@ -104,7 +104,7 @@ def npy_header(data: bytes) -> tuple[bytes, tuple[int, ...], np.dtype, int] | No
 
 def npy_bytes(array: np.ndarray) -> bytes:
     """The bytes ``np.save(f, array, allow_pickle=False)`` writes: :func:`npy_parts` joined in one
-    allocation (one part, the first array of a dtype and shape or any other array, is returned as is)."""
+    allocation (one part, an array ``np.save`` wrote, is returned as is)."""
     return b"".join(npy_parts(array))
 
 
@@ -115,9 +115,9 @@ def npy_parts(array: np.ndarray) -> tuple[bytes | memoryview, ...]:
     formats the same header for every one of them (most of a small array's
     serialization time), writes the data in chunks and a ``BytesIO`` copies it
     out again. Here the header of the first array of a dtype and shape is cut
-    from ``np.save``'s own output and kept; a later C-contiguous array is two
-    parts, that header and a view of the array's own bytes, which is what
-    ``np.save`` writes after the header for such an array. Any other array
+    from ``np.save``'s own output and kept; a C-contiguous array is two parts,
+    that header and a view of the array's own bytes, which is what ``np.save``
+    writes after the header for such an array. Any other array
     (Fortran order or strided, object or structured dtypes, dtypes with
     metadata) goes through ``np.save`` every time, with its errors: one part.
     """
@@ -130,8 +130,7 @@ def npy_parts(array: np.ndarray) -> tuple[bytes | memoryview, ...]:
         data = _saved(array)
         if len(_write_headers) >= _MAX_WRITE_HEADERS:  # a stream of ever new shapes: start over
             _write_headers.clear()
-        _write_headers[key] = data[: len(data) - array.nbytes]
-        return (data,)
+        head = _write_headers[key] = data[: len(data) - array.nbytes]  # (data goes: a copy of the array)
     return head, array.reshape(-1).view(np.uint8).data
 
 

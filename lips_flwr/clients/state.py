@@ -48,18 +48,21 @@ def restore_local_record(state: RecordDict, record: ArrayRecord, names: Sequence
     of its values (:func:`save_local_record`, :func:`save_local`), the bytes
     a copy of them would be serialized to again.
     """
-    if LOCAL_KEY not in state or not names:
+    # Each of them parsed, as before and as the app will: a bad one raises here.
+    received = {name: array_view(record[name]).shape for name in names if name in record}
+    if LOCAL_KEY not in state or not received:
         return record
     own = cast(ArrayRecord, state[LOCAL_KEY])
-    mine = {name: own[name] for name in names
-            if name in own and name in record and tuple(own[name].shape) == array_view(record[name]).shape}
+    mine = {name: own[name] for name, shape in received.items()
+            if name in own and tuple(own[name].shape) == shape}
     return record_of({name: mine.get(name, array) for name, array in record.items()}) if mine else record
 
 
 def save_local_record(state: RecordDict, record: ArrayRecord, names: Sequence[str]) -> None:
     """:func:`save_local` for a reply's ArrayRecord: its ``names`` Arrays kept as they are where
-    they hold C-order ``.npy`` bytes (an Array is a value: nothing changes one in place), else
-    serialized again from their values (:func:`lips_flwr._records.as_npy_array`)."""
+    they hold C-order ``.npy`` bytes (an Array is a value: nothing changes one in place; on the
+    batched Grid they are its ``ViewedArray``s, equal to and sent as Arrays), else serialized
+    again from their values (:func:`lips_flwr._records.as_npy_array`)."""
     if names:
         state[LOCAL_KEY] = record_of({name: as_npy_array(record[name]) for name in names if name in record})
 

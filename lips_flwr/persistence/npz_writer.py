@@ -10,9 +10,11 @@ computed first, so that its local header is written once, followed by the
 ``.npy`` bytes of :func:`lips_flwr._npy.npy_parts` (the header made once per
 dtype and shape, the array's own buffer: no copy); the central directory
 follows. The members, their order and their ``.npy`` bytes are ``np.savez``'s;
-the zip records differ only in their fixed time stamp (1980-01-01, so equal
-arrays give equal files). ``np.load`` reads the archive through ``zipfile``,
-which verifies each member's CRC as it reads it.
+its zip records differ in their fixed time stamp (1980-01-01, so equal arrays
+give equal files) and in having no zip64 extra fields (``np.savez`` adds them
+to every member, version 4.5; these are plain version 2.0 records).
+``np.load`` reads the archive through ``zipfile``, which verifies each
+member's CRC as it reads it.
 
 An archive beyond the plain zip format's limits (4 GiB, 65,535 members) is
 written by ``np.savez``, which writes zip64 records.
@@ -49,22 +51,19 @@ def write_npz(file: IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
     the archive (a new file). Object arrays are refused as by ``np.save``
     without pickle (``ValueError``).
     """
-    members = []
-    for name, array in arrays.items():
-        parts = npy_parts(np.asarray(array))
-        encoded, flags = _member_name(name)
-        crc = 0
-        for part in parts:
-            crc = zlib.crc32(part, crc)
-        members.append((encoded, flags, crc, sum(map(len, parts)), parts))
-    total = sum(_LOCAL.size + len(encoded) + size for encoded, _, _, size, _ in members)
-    directory = sum(_CENTRAL.size + len(encoded) for encoded, *_ in members)
-    if len(members) > _MAX_MEMBERS or total + directory > _LIMIT:
+    entries = [(*_member_name(name), npy_parts(np.asarray(array))) for name, array in arrays.items()]
+    sizes = [sum(map(len, parts)) for _, _, parts in entries]
+    total = sum(_LOCAL.size + len(encoded) + size for (encoded, _, _), size in zip(entries, sizes))
+    directory = sum(_CENTRAL.size + len(encoded) for encoded, _, _ in entries)
+    if len(entries) > _MAX_MEMBERS or total + directory > _LIMIT:
         # numpy's stub would match a **dict against savez's `allow_pickle: bool`.
         np.savez(file, **cast(dict[str, Any], dict(arrays)))
         return
     records, offset = [], 0
-    for encoded, flags, crc, size, parts in members:
+    for (encoded, flags, parts), size in zip(entries, sizes):
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
         file.write(_LOCAL.pack(b"PK\x03\x04", _VERSION, 0, flags, 0, _DOS_TIME, _DOS_DATE, crc, size, size,
                                len(encoded), 0))
         file.write(encoded)

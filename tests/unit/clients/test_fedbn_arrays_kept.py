@@ -97,3 +97,40 @@ def test_as_npy_array_keeps_only_what_array_of_would_write():
         assert copy is not array, what
         assert copy.data == array_of(array_view(array)).data and copy.dtype == "float32", what
         np.testing.assert_array_equal(array_view(copy), c_order)
+
+
+def test_a_state_read_back_from_its_file_goes_in_as_the_old_round_trip_wrote_it(tmp_path):
+    from lips_flwr.clients.persist import load_state, save_state
+    from lips_flwr.clients.state import restore_local_record
+
+    app, ctx, model = App(), context(), tiny_model(0)
+    fedbn_mod(message(to_record(model)), ctx, app)
+    save_state(ctx.state, tmp_path / "client.npz", 1)
+    fresh = RecordDict()
+    assert load_state(fresh, tmp_path / "client.npz", 2)
+    received = to_record(tiny_model(1))
+    restored = restore_local_record(fresh, received, batch_norm_names(model))
+    for name, array in restored.items():
+        source = app.sent[0][name] if name in batch_norm_names(model) else received[name]
+        assert array.data == array_of(np.array(array_view(source))).data
+
+
+def test_a_kept_array_of_another_shape_is_not_put_back():
+    from lips_flwr.clients.state import restore_local_record
+
+    model = tiny_model(0)
+    name = batch_norm_names(model)[0]
+    state = RecordDict({LOCAL_KEY: ArrayRecord({name: array_of(np.zeros(3, np.float32))})})
+    received = to_record(model)
+    assert restore_local_record(state, received, [name]) is received
+
+
+def test_a_damaged_local_array_is_refused_before_the_app_as_before():
+    model = tiny_model(0)
+    record = to_record(model)
+    name = batch_norm_names(model)[0]
+    record[name] = Array(dtype="float32", shape=(4,), stype=NUMPY_SERIALIZATION, data=b"not an npy")
+    app = App()
+    with pytest.raises(ValueError, match="npy"):
+        fedbn_mod(message(record), context(), app)  # the first round: no state yet
+    assert app.got == []

@@ -98,3 +98,11 @@ def test_npy_parts_are_np_save_s_bytes_and_view_the_array():
     parts = npy_parts(array)
     assert len(parts) == 2 and b"".join(parts) == saved.getvalue()
     assert isinstance(parts[1], memoryview) and np.shares_memory(np.frombuffer(parts[1], np.uint8), array)
+
+
+def test_past_the_member_limit_numpy_writes_the_archive(monkeypatch):
+    monkeypatch.setattr(npz_writer, "_MAX_MEMBERS", 1)
+    data = written({"a": np.ones(2), "b": np.zeros(3)})
+    assert data[:5] == b"PK\x03\x04\x2d"
+    with np.load(BytesIO(data), allow_pickle=False) as npz:
+        assert npz.files == ["a", "b"]
