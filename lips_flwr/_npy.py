@@ -121,10 +121,9 @@ def npy_parts(array: np.ndarray) -> tuple[bytes | memoryview, ...]:
     (Fortran order or strided, object or structured dtypes, dtypes with
     metadata) goes through ``np.save`` every time, with its errors: one part.
     """
-    dtype = array.dtype
-    if not array.flags.c_contiguous or dtype.hasobject or dtype.fields is not None or dtype.metadata:
+    if not _header_kept_for(array):
         return (_saved(array),)
-    key = (dtype, array.shape)
+    key = (array.dtype, array.shape)
     head = _write_headers.get(key)
     if head is None:
         data = _saved(array)
@@ -138,14 +137,21 @@ def is_npy_bytes(data: bytes, array: np.ndarray) -> bool:
     """Whether ``data`` is exactly :func:`npy_bytes` of ``array``, given ``array`` = ``read_npy(data)``:
     its header is the one ``np.save`` writes for a C-contiguous array of that dtype and shape
     (made once, :func:`npy_parts`), and nothing follows the array's bytes."""
-    dtype = array.dtype
-    if not array.flags.c_contiguous or dtype.hasobject or dtype.fields is not None or dtype.metadata:
+    if not _header_kept_for(array):
         return False
-    key = (dtype, array.shape)
+    key = (array.dtype, array.shape)
     if key not in _write_headers:
         npy_parts(array)  # makes and keeps the header of this dtype and shape
     head = _write_headers.get(key)
     return head is not None and len(data) == len(head) + array.nbytes and data.startswith(head)
+
+
+def _header_kept_for(array: np.ndarray) -> bool:
+    """Whether ``np.save`` writes ``array`` as a header kept per dtype and shape and its bytes in C
+    order: a C-contiguous array of a plain dtype (not object, structured or with metadata)."""
+    dtype = array.dtype
+    plain = not dtype.hasobject and dtype.fields is None and not dtype.metadata
+    return plain and bool(array.flags.c_contiguous)
 
 
 def _saved(array: np.ndarray) -> bytes:
