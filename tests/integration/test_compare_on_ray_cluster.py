@@ -3,8 +3,11 @@
 A local two-node cluster (``ray.cluster_utils.Cluster``: a head with no CPU,
 two worker nodes of one CPU each, health checks every 0.5 s) runs a 2-seed
 ``compare`` of the GRU app (LIPS swapped in by the README's lines) with
-``--address``: each seed's runs on one node. Once a run reports round 3,
-one worker node's raylet is killed (``remove_node(allow_graceful=False)``).
+``--address``: each seed's runs on one node. Once a run of each seed is
+computing (round 3 reported, ``LEFT`` rounds or more to go), one worker
+node's raylet is killed (``remove_node(allow_graceful=False)``): a run whose
+worker is still starting there would be placed again without a loss, and
+one killed at its end would have finished.
 Ray reports its run's task as lost (``NodeDiedError``); the sweep runs it
 again on the other node. The finished ``summary.json`` equals the same
 compare's on a local Ray without ``--address``, and every result file names
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +37,7 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 # Long enough that the killed node's run is still going when the kill lands: at 8 rounds (~2.5 s a
 # run when the dev machine ran fast) it had finished, and nothing was lost (6 s a run at 20).
 ROUNDS = 20
+LEFT = 8  # rounds the runs still have to compute when the node is killed (far more than the kill takes)
 
 
 def command(app: Path, out: Path, *extra: str) -> list[str]:
@@ -81,10 +86,16 @@ def test_compare_on_two_nodes_survives_a_lost_node_and_equals_the_local_compare(
                             stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**ENV, "RAY_TMPDIR": os.environ["RAY_TMPDIR"]})  # (the cluster's)
     seen: list[str] = []
+    computing: dict[str, tuple[str, int]] = {}  # seed -> its run that computes, the last round it reported
     assert proc.stdout is not None
     for line in proc.stdout:
         seen.append(line)
-        if "round 3/" in line:
+        found = re.match(r"\[(\S+-seed(\d+))\] (?:round (\d+)/|done)", line)
+        if found and found[3] is not None:
+            computing[found[2]] = (found[1], int(found[3]))
+        elif found and computing.get(found[2], ("",))[0] == found[1]:
+            del computing[found[2]]  # (its seed's next run starts: its worker may not be there yet)
+        if len(computing) == 2 and all(3 <= rnd <= ROUNDS - LEFT for _, rnd in computing.values()):
             break
     dead = first.node_id
     threading.Thread(target=made.remove_node, args=(first,), kwargs={"allow_graceful": False}).start()
