@@ -16,7 +16,9 @@ by a wrapper) and overhead (the rest).
     python benchmarks/bench_client_calls.py --rev 5e6e5f4 --reps 5 --rounds 10
     python benchmarks/bench_client_calls.py --rev HEAD --after-env OPENBLAS_NUM_THREADS=1  # the same code, one BLAS thread
 
-Reported: the medians of overhead per call (ms), compute per call and server
+Reported: the medians of overhead per call (ms), over all rounds and over
+rounds 2..R (round 1 also builds each client's data, once a process: a sweep
+of 200 rounds spreads that over all of them), compute per call and server
 step per round, and the median of the per-repetition ratios after / before.
 """
 
@@ -51,6 +53,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     from lips_flwr.experiments.task import training
     from lips_flwr.experiments.batched import rendezvous
     from lips_flwr.experiments.batched import run_batched
+    from lips_flwr.experiments.batched.calls import round_of
+    from lips_flwr.experiments.batched.grid import BatchedGrid
 
     compute = [0.0]
 
@@ -74,6 +78,21 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     conf.update({"algorithm": "lips", "seed": 1000, "results-path": f"{state}/results.json",
                  "num-server-rounds": rounds, "samples-per-client": 10, "test-samples": 10,
                  "local-epochs": 1, "lips-state-dir": f"{state}/clients", "checkpoint-path": f"{state}/ck.npz"})
+    # Each delivery's client time and compute, by round: round 1 also builds each client's data (once
+    # a process), which a long sweep spreads over all its rounds; rounds 2..R show what a call costs then.
+    by_round: dict[int, list[float]] = {}
+    deliver = BatchedGrid._deliver
+
+    def timed_deliver(grid, timeout):
+        rounds = {round_of(msg) for msg in grid._pending.values()}
+        calls, before = len(grid._pending), (grid.client_seconds, compute[0])
+        deliver(grid, timeout)
+        totals = by_round.setdefault(max((r for r in rounds if r is not None), default=0), [0.0, 0.0, 0])
+        totals[0] += grid.client_seconds - before[0]
+        totals[1] += compute[0] - before[1]
+        totals[2] += calls
+
+    BatchedGrid._deliver = timed_deliver
     with training.computing_with(Timed()):
         start = time.perf_counter()
         config = resolve_run_config(load_app(Path.cwd() / "examples" / "paper"), conf)
@@ -85,8 +104,16 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     calls = 2 * nodes * rounds  # a train and an evaluate call per client and round
     return {"code": str(Path(lips_flwr.__file__).parents[1]),
             "overhead_ms": (grid.client_seconds - compute[0]) / calls * 1e3,
+            "later_overhead_ms": later_overhead_ms(by_round),
             "compute_ms": compute[0] / calls * 1e3,
             "server_ms": (wall - grid.client_seconds) / rounds * 1e3}
+
+
+def later_overhead_ms(by_round: dict[int, list[float]]) -> float:
+    """Overhead per call (ms) in the rounds after the first: ``by_round`` is round -> [client s, compute s, calls]."""
+    later = [totals for rnd, totals in by_round.items() if rnd > 1]
+    calls = sum(totals[2] for totals in later)
+    return sum(totals[0] - totals[1] for totals in later) / calls * 1e3 if calls else float("nan")
 
 
 def export(rev: str, into: Path) -> None:
@@ -134,7 +161,9 @@ def main() -> None:
                 print(f"rep {rep} {side:6s} {results[side][-1]} ({load_line()})", flush=True)
     print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.engine} engine, {args.reps} reps, medians:")
     print("| part | before | after | after / before |\n|---|---|---|---|")
-    for key, label in (("overhead_ms", "client overhead per call"), ("compute_ms", "client compute per call"),
+    for key, label in (("overhead_ms", "client overhead per call"),
+                       ("later_overhead_ms", "client overhead per call, rounds 2..R"),
+                       ("compute_ms", "client compute per call"),
                        ("server_ms", "server step per round")):
         b, a = [r[key] for r in results["before"]], [r[key] for r in results["after"]]
         print(f"| {label} | {median(b):.2f} ms | {median(a):.2f} ms | {paired_ratio(a, b):.3f} |")
