@@ -27,14 +27,25 @@ without ``..``) never becomes part of a path: it is logged and nothing is
 kept. A plain name longer than 64 characters becomes its first 32 characters,
 ``-`` and the SHA-256 of the whole name (:func:`_file_part`), so that every
 file name stays far below the 255 bytes filesystems allow.
+
+An engine that runs many clients in one process (the batched Grid) opens
+:func:`saves_behind` around a round's calls: each client's file is then
+written by a thread of its own while the next client runs, and the block
+waits for every file before the replies go on to the strategy, whose
+checkpoint is thus never newer than the clients' files.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import queue
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import cast
@@ -265,16 +276,27 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     An OS error (a folder that cannot be written, a full disk) is logged
     (once per folder) and the state is not saved: the round's reply is never
     lost to it. Something other than a regular file at ``path`` is logged
-    and left alone.
+    and left alone. Within :func:`saves_behind`, the records as they are now
+    are written by the block's thread, and this returns at once.
     """
     if path is None:
         return
     present = [key for key in PERSISTED if key in state]
-    groups = {k: record_views(cast(ArrayRecord, state[k]))  # read-only views: the file is written from them
+    # Read-only views of the Arrays' bytes and copies of the configs: what is written is the state of
+    # now, whatever the client's records hold by the time a thread of saves_behind writes it.
+    groups = {k: record_views(cast(ArrayRecord, state[k]))
               for k in present if isinstance(state[k], ArrayRecord)}
     configs = {k: dict(state[k]) for k in present if isinstance(state[k], ConfigRecord)}
     if not groups and not configs:
         return
+    write = functools.partial(_write_state, path, groups, configs, trained_round)
+    writer = _BEHIND.get()
+    if writer is None or not writer.take(write):
+        write()
+
+
+def _write_state(path: Path, groups: dict[str, dict], configs: dict[str, dict], trained_round: int) -> None:
+    """:func:`save_state`'s file, written now."""
     try:
         if _not_a_file(path):
             return
@@ -289,4 +311,64 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
                    str(path), STATE_DIR_KEY, str(path.parent), type(err).__name__, err)
 
 
-__all__ = ["STATE_DIR_KEY", "load_state", "save_state", "state_path"]
+class _Writer:
+    """A thread that runs the writes handed to it, in order, until it is closed."""
+
+    def __init__(self) -> None:
+        self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a write is either taken before close() or refused after it
+        self._open = True
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="lips-flwr client state", daemon=True)
+        self._thread.start()
+
+    def take(self, write: Callable[[], None]) -> bool:
+        """Queue ``write``; ``False`` once closed (the caller then writes it itself)."""
+        with self._lock:
+            if self._open:
+                self._writes.put(write)
+            return self._open
+
+    def close(self) -> BaseException | None:
+        """Take no more writes and wait for those taken; the first error one of them raised."""
+        with self._lock:
+            self._open = False
+            self._writes.put(None)
+        self._thread.join()
+        return self._error
+
+    def _run(self) -> None:
+        while (write := self._writes.get()) is not None:
+            try:
+                write()
+            except BaseException as err:  # noqa: BLE001 - raised by saves_behind, in its caller's thread
+                self._error = self._error or err
+
+
+# The writer of the saves_behind block this context (or the one it was copied from) is in.
+_BEHIND: ContextVar[_Writer | None] = ContextVar("lips_flwr_client_saves_behind", default=None)
+
+
+@contextmanager
+def saves_behind() -> Iterator[None]:
+    """Within the block, :func:`save_state` hands its file to a thread of the block's and returns.
+
+    For this context and the contexts copied from it (the batched Grid's
+    client threads). The files are written one after another, in the order
+    the saves were made; leaving the block waits until every one is written
+    (an OS error logged as :func:`save_state` logs it), then raises the first
+    other error a write raised. A save made after the block ended (a call
+    that ran past its timeout) is written by its caller, as outside the block.
+    """
+    writer = _Writer()
+    token = _BEHIND.set(writer)
+    try:
+        yield
+    finally:
+        _BEHIND.reset(token)
+        error = writer.close()
+    if error is not None:
+        raise error
+
+
+__all__ = ["STATE_DIR_KEY", "load_state", "save_state", "saves_behind", "state_path"]
