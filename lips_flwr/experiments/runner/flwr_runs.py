@@ -5,7 +5,7 @@ null and the app's own results file (its ``results-path``) is the record. A
 run fails when it does not end ``finished:completed`` (``flwr run`` exits 0
 whatever happens to the run), when the app wrote no results file, or when
 that file, in the paper app's layout, shows a round without train metrics
-(:func:`app_record_problem`); the error names the first exception of the
+(:func:`results_problem`); the error names the first exception of the
 run's log. The seed reaches the app through its run config only.
 """
 
@@ -57,7 +57,13 @@ def run_config_string(values: dict[str, Any]) -> str:
 
 
 def results_problem(path: str | Path, num_rounds: int | None) -> str | None:
-    """Why the app's results file ``path`` shows a failed run (:func:`app_record_problem`), or ``None``."""
+    """Why the app's results file ``path`` (the paper app's layout: ``rounds`` -> train, evaluate) shows a
+    failed run, or ``None``.
+
+    Failed: no file, or not JSON; no round with train metrics; a round without
+    them (no client trained); a round of ``1..num_rounds`` missing; the last
+    round not evaluated. A record in another layout is only required to exist.
+    """
     path = Path(path)
     if not path.is_file():
         return f"no results file {str(path)!r}"
@@ -65,18 +71,6 @@ def results_problem(path: str | Path, num_rounds: int | None) -> str | None:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         return f"{str(path)!r} is not a readable results file: {err!r}"
-    return app_record_problem(record, num_rounds)
-
-
-def app_record_problem(record: dict | None, num_rounds: int | None) -> str | None:
-    """Why an app's results (the paper app's layout: ``rounds`` -> train, evaluate) show a failed run.
-
-    Failed: no file; no round with train metrics; a round without them (no
-    client trained); a round of ``1..num_rounds`` missing; the last round
-    not evaluated. A record in another layout is only required to exist.
-    """
-    if record is None:
-        return "the app wrote no results file"
     if not isinstance(record, dict) or "rounds" not in record:
         return None
     try:
@@ -142,5 +136,5 @@ def run_with_flwr(job: PreparedRun, flower: Any, timeout: float, progress: Calla
     progress(f"[{job.name}] done in {time.monotonic() - start:.0f}s")
 
 
-__all__ = ["app_record_problem", "flower_for", "results_problem", "run_config_string", "run_with_flwr",
-           "toml_value", "write_run_config"]
+__all__ = ["flower_for", "results_problem", "run_config_string", "run_with_flwr", "toml_value",
+           "write_run_config"]
