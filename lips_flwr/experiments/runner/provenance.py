@@ -104,13 +104,6 @@ def cpu() -> dict[str, str | None]:
     return {"model": model or platform.processor() or platform.machine(), "flags": flags}
 
 
-def threads() -> dict[str, Any]:
-    """torch's intra-op threads and the thread variables of numpy's and torch's BLAS/OpenMP."""
-    import torch
-
-    return {"torch": torch.get_num_threads(), **{name: os.environ.get(name) for name in THREAD_VARIABLES}}
-
-
 def versions() -> dict[str, str]:
     import flwr
     import numpy
@@ -120,44 +113,39 @@ def versions() -> dict[str, str]:
             "flwr": flwr.__version__}
 
 
-def gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
 def now_utc() -> str:
     """The current time, UTC, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def provenance(engine: str, started: str, wall_seconds: float | None, **extra: Any) -> dict[str, Any]:
-    """The provenance record of a run that started at ``started`` and took ``wall_seconds`` (the module)."""
-    info = cpu()
+    """The provenance record of a run that started at ``started`` and took ``wall_seconds`` (the module).
+
+    ``threads``: torch's intra-op threads and the thread variables of numpy's and torch's BLAS/OpenMP.
+    """
+    import torch
+
+    info, gpu = cpu(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    threads = {"torch": torch.get_num_threads(), **{name: os.environ.get(name) for name in THREAD_VARIABLES}}
     return {"lips_flwr": lips_flwr.__version__, "git": git_state(), **versions(),
             "platform": platform.platform(), "cpu": info["model"], "cpu_flags": info["flags"],
-            "gpu": gpu_name(), "engine": engine, "threads": threads(), "started": started,
+            "gpu": gpu, "engine": engine, "threads": threads, "started": started,
             "wall_seconds": None if wall_seconds is None else round(wall_seconds, 3), **extra}
-
-
-def environment(record: dict[str, Any]) -> dict[str, Any]:
-    """The part of a provenance record that decides a run's arithmetic (:data:`ENVIRONMENT_KEYS`)."""
-    segments = [record, *record.get("earlier_segments", [])]
-    return {key: [segment.get(key) for segment in segments] for key in ENVIRONMENT_KEYS}
 
 
 def same_environment(a: dict[str, Any] | None, b: dict[str, Any] | None) -> tuple[bool | None, list[str]]:
     """Whether two runs (each in all its segments) ran in one environment; the keys that differ.
 
-    ``(None, [])`` when either has no provenance (a file written before it was recorded).
+    The environment is the part of a provenance record that decides a run's
+    arithmetic (:data:`ENVIRONMENT_KEYS`). ``(None, [])`` when either has no
+    provenance (a file written before it was recorded).
     """
     if a is None or b is None:
         return None, []
-    ea, eb = environment(a), environment(b)
-    values = {key: {repr(v) for v in ea[key] + eb[key]} for key in ENVIRONMENT_KEYS}
-    differing = [key for key, seen in values.items() if len(seen) > 1]
+    segments = [a, *a.get("earlier_segments", []), b, *b.get("earlier_segments", [])]
+    differing = [key for key in ENVIRONMENT_KEYS if len({repr(s.get(key)) for s in segments}) > 1]
     return not differing, differing
 
 
-__all__ = ["code_identity", "code_identity_now", "environment", "git_state", "now_utc", "provenance",
+__all__ = ["code_identity", "code_identity_now", "git_state", "now_utc", "provenance",
            "same_environment", "tree_digest"]
