@@ -64,7 +64,7 @@ from ...core.layers import select_layers
 from ...persistence.npz_store import write_atomic
 from ...persistence.npz_writer import write_npz
 from ..results import write_json_atomic
-from .strategy_log import Heard, StrategyLog
+from .strategy_log import Heard, StrategyLog, numbers
 
 WEIGHT_KEYS = ("num-examples", "num_examples")
 KINDS = ("train", "evaluate")
@@ -79,11 +79,8 @@ def reply_metrics(msg: Message) -> dict[str, float]:
     """A reply's numeric metrics: its MetricRecords and the legacy API's ``*.metrics`` ConfigRecords."""
     out: dict[str, float] = {}
     for name, record in msg.content.items():
-        legacy = isinstance(record, ConfigRecord) and name.endswith(".metrics")
-        if isinstance(record, MetricRecord) or legacy:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    out[key] = float(value)
+        if isinstance(record, MetricRecord) or isinstance(record, ConfigRecord) and name.endswith(".metrics"):
+            out.update(numbers(record))
     return out
 
 
@@ -102,10 +99,6 @@ def weighted_means(replies: list[dict[str, float]]) -> dict[str, Any]:
         metrics[key] = math.fsum(w * r[key] for w, r in zip(weights, have)) / math.fsum(weights)
     out["metrics"] = metrics
     return out
-
-
-def _first_arrays(msg: Message) -> ArrayRecord | None:
-    return next(iter(msg.content.array_records.values()), None)
 
 
 def stalled_rounds(rounds: Mapping[Any, Mapping[str, Any]]) -> dict[str, list[int]]:
@@ -193,7 +186,7 @@ class RunObserver:
             if messages:
                 first = min(messages, key=lambda m: m.metadata.dst_node_id)
                 rnd, kind = round_of(first), first.metadata.message_type.split(".")[0]
-                arrays = _first_arrays(first)
+                arrays = next(iter(first.content.array_records.values()), None)
                 if rnd is not None and arrays is not None and kind in KINDS:
                     self._saw_model(rnd - 1 if kind == "train" else rnd, arrays)
 
@@ -350,7 +343,6 @@ class RunObserver:
                     for r, entry in self.rounds.items()):
                 raise RunFailed("no round was evaluated: no evaluate reply carried metrics, nor did the "
                                 "ServerApp evaluate")
-
 
     def _check_progress(self) -> None:
         """``RunFailed`` when most trained rounds did not move the global model (:func:`stalled_rounds`)."""
