@@ -106,18 +106,12 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
 def differences(found: dict, wanted: dict) -> list[str]:
     """``"key: file X, now Y"`` for each dotted key whose value differs (``(none)`` where one lacks it)."""
     a, b = _flat(json.loads(json.dumps(found))), _flat(json.loads(json.dumps(wanted)))
-    out = []
-    for key in sorted(set(a) | set(b)):
-        if a.get(key, _MISSING) != b.get(key, _MISSING):
-            out.append(f"{key}: file {_show(a.get(key, _MISSING))}, now {_show(b.get(key, _MISSING))}")
-    return out
+    show = {key: (json.dumps(a[key]) if key in a else "(none)", json.dumps(b[key]) if key in b else "(none)")
+            for key in sorted(set(a) | set(b)) if a.get(key, _MISSING) != b.get(key, _MISSING)}
+    return [f"{key}: file {x}, now {y}" for key, (x, y) in show.items()]
 
 
 _MISSING = object()
-
-
-def _show(value: Any) -> str:
-    return "(none)" if value is _MISSING else json.dumps(value)
 
 
 def check_name(name: str) -> str:
