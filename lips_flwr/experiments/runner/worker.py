@@ -12,15 +12,10 @@ app's caches, ``torch.set_num_threads``, a module-level strategy) reaches
 another.
 
 The sweep computed the run's identity before its runs; this process, started
-later, imports whatever code is on disk then. Once the app's components are
-imported, the app's digest and ``lips_flwr``'s code identity are read again:
-a run whose code changed fails, naming what changed. A LIPS-off run fails
-before its first train instruction reaches a client when the app built no
-LIPS strategy under the forcing (it would run as written).
+later, imports whatever code is on disk then: :func:`check_code` fails a run
+whose code changed.
 
-The process works in the run's staging folder (:func:`_settle_in`), or in
-a temporary one on a node that does not see it (:func:`_on_this_node`). The
-staging folder is the sweep's process's to remove (a finished or failed
+The staging folder is the sweep's process's to remove (a finished or failed
 run's), never the run's: a worker that dies with the sweep (its raylet
 gone, an exception on the way out) leaves its progress for the next sweep
 to continue.
@@ -121,7 +116,8 @@ def _extra(job: PreparedRun) -> dict[str, Any]:
 
 
 def check_code(job: PreparedRun) -> None:
-    """``RunFailed`` naming each part of the run's code that differs on disk from its identity's."""
+    """``RunFailed`` naming each part of the run's code (the app's digest, ``lips_flwr``'s code identity)
+    that differs on disk, once the app's components are imported, from its identity's."""
     now = {"app.digest": app_digest(job.app), **{f"code.{k}": v for k, v in code_identity_now().items()}}
     then = {"app.digest": job.identity["app"]["digest"],
             **{f"code.{k}": v for k, v in job.identity["code"].items()}}
