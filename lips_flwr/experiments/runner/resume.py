@@ -129,9 +129,6 @@ class ClientContexts:
             save_contexts(self.staging, self.round, self.contexts)
         self.inner.replied(replies)
 
-    def __getattr__(self, name: str) -> Any:  # check(), record(), first_error: the inner observer's
-        return getattr(self.inner, name)
-
 
 # --------------------------------------------------------------------------- the staging folder's checks
 
