@@ -89,6 +89,7 @@ from ...core.layers import select_layers
 from ...persistence.npz_store import write_atomic
 from ...persistence.npz_writer import write_npz
 from ..results import write_json_atomic
+from .store import LAST_GLOBAL, OBSERVED
 
 WEIGHT_KEYS = ("num-examples", "num_examples")
 KINDS = ("train", "evaluate")
@@ -394,7 +395,7 @@ class RunObserver:
         self._last = (index, weights)
         if self.keep_model and self.staging is not None:
             saved: dict[str, Any] = {**weights, "__round__": np.array(index)}
-            write_atomic(self.staging / "last-global.npz", lambda f: write_npz(f, saved))
+            write_atomic(self.staging / LAST_GLOBAL, lambda f: write_npz(f, saved))
 
     # -- records -------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -407,12 +408,12 @@ class RunObserver:
     def save(self) -> None:
         """Keep the observations so far in the staging folder (a resumed run starts from them)."""
         if self.staging is not None:
-            write_json_atomic(self.staging / "observed.json", self.record())
+            write_json_atomic(self.staging / OBSERVED, self.record())
 
     def resume_from(self, staging: Path) -> None:
         """Take the partial observations and last global model a stopped run of this identity left."""
         try:
-            partial = json.loads((staging / "observed.json").read_text())
+            partial = json.loads((staging / OBSERVED).read_text())
         except (OSError, ValueError):
             partial = {}
         self._earlier = {int(r): entry for r, entry in partial.get("rounds", {}).items()}
@@ -422,7 +423,7 @@ class RunObserver:
         self.evaluate_keys = partial.get("evaluate_keys") or self.evaluate_keys
         self.warnings.extend(partial.get("warnings") or [])
         try:
-            with np.load(staging / "last-global.npz") as saved:
+            with np.load(staging / LAST_GLOBAL) as saved:
                 arrays = {name: saved[name] for name in saved.files if name != "__round__"}
                 self._last = (int(saved["__round__"]), arrays)
         except (OSError, ValueError, KeyError):

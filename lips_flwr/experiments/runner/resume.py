@@ -34,12 +34,11 @@ import numpy as np
 
 from ...persistence.npz_store import read_groups, write_groups
 from .runs import PreparedRun, not_resumable, staged_code_changes
-from .store import IDENTITY, staged_identity
+from .store import IDENTITY, LAST_GLOBAL, OBSERVED, SEGMENTS, staged_identity
 
 CONTEXTS = "client-contexts"
 FORMAT = "lips-flwr-client-contexts/1"
 KEEP = 3  # rounds of client state kept: a stop may fall before the strategy checkpointed the last one
-OBSERVED, LAST_GLOBAL, SEGMENTS = "observed.json", "last-global.npz", "segments.json"
 
 
 def contexts_path(staging: Path, rnd: int) -> Path:

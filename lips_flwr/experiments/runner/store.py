@@ -42,6 +42,8 @@ STAGING = ".staging"
 IDENTITY = "identity.json"  # a staging folder's first file: the identity it was claimed with
 LOCK = ".sweep.lock"
 LOG = "log"  # a run's output, in its staging folder
+SEGMENTS = "segments.json"  # in a staging folder: the provenance of each process that worked on the run
+OBSERVED, LAST_GLOBAL = "observed.json", "last-global.npz"  # the observer's partial record, last model
 LOG_TAIL = 3000  # characters of a run's log in its error
 
 

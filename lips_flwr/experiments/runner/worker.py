@@ -46,12 +46,10 @@ from .provenance import code_identity_now, now_utc, provenance
 from .resume import ClientContexts
 from .runs import LIPS_OFF, MANAGED_KEYS, MODULES, PreparedRun
 from .stall import heartbeat
-from .store import IDENTITY, LOG, log_tail
+from .store import IDENTITY, LOG, SEGMENTS, log_tail
 
 if TYPE_CHECKING:
     from ...strategies.options import Forcing
-
-SEGMENTS = "segments.json"  # the provenance of each process that worked on a resumed run
 
 
 @dataclasses.dataclass(frozen=True)
