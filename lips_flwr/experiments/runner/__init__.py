@@ -5,12 +5,7 @@ overrides, a seed, a node count, an engine, LIPS forced off or not);
 :func:`~.sweep.run_sweep` runs a list of them, each in a fresh process, and
 writes one result file per run that records the run's identity (everything
 that decides its numbers) and provenance (where and with what it was
-computed). :mod:`.apps` reads a Flower App folder, :mod:`.runs` resolves a
-spec and its identity, :mod:`.store` holds result files, staging folders and
-the sweep's lock, :mod:`.worker` is one run's process on the batched Grid
-and :mod:`.flwr_runs` one under the real ``flwr run``, :mod:`.observe` is what
-the runner sees through the Grid, :mod:`.provenance` the code identity and
-the machine.
+computed). docs/layout.md says what each module of the package does.
 """
 
 from .runs import RunSpec

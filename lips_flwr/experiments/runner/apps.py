@@ -11,16 +11,10 @@ Flower's own :func:`flwr.common.config.fuse_dicts`: a key the app does not
 declare is an error, and a value keeps the type it was given (``flwr run
 --run-config lr=1`` gives the app the int ``1`` even where the default is
 ``0.5``: measured under flwr 1.42, whose SuperLink fuses without converting).
+The overrides come as ``flwr run --run-config`` takes them (:func:`parse_overrides`).
 
-The app's digest (:func:`app_digest`) and the digests of the modules a run
-loaded from the folder (:func:`loaded_modules`) are of the code, not the
-bytes (:func:`code_content`), under paths relative to the folder: they are
-part of a run's identity (:mod:`.runs`).
-
-Overrides come as ``flwr run --run-config`` takes them: ``KEY=VALUE``
-strings whose values are TOML (``dataset='digits' lr=0.1``), or the path of
-a TOML file. A file's ``[federation]`` table (our examples' conf files have
-one) is not run config: its ``num-supernodes`` is the run's default node count.
+The app's digest (:func:`app_digest`) and those of the modules a run loaded
+from the folder (:func:`loaded_modules`) are part of a run's identity (:mod:`.runs`).
 """
 
 from __future__ import annotations
@@ -81,9 +75,11 @@ def load_app(folder: str | Path) -> FlowerApp:
 def parse_overrides(items: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(run-config overrides, federation)`` from ``KEY=VALUE`` strings and TOML file paths, in order.
 
-    A string may hold several pairs (``"a=1 b='x'"``), as ``flwr run
-    --run-config`` takes them; later items win. A TOML file's
-    ``[federation]`` table is returned apart (not run config).
+    A string may hold several pairs whose values are TOML (``"dataset='digits'
+    lr=0.1"``), as ``flwr run --run-config`` takes them; later items win. A
+    TOML file's ``[federation]`` table (our examples' conf files have one) is
+    returned apart: not run config, its ``num-supernodes`` is the run's default
+    node count (:func:`num_supernodes`).
     """
     overrides: dict[str, Any] = {}
     federation: dict[str, Any] = {}

@@ -6,11 +6,9 @@ process has joined already, or starts a local Ray sized to the machine
 without the dashboard, says in one line how long that took, and shuts it
 down at the end. :func:`~.sweep.run_tasks` then runs the jobs there (:class:`RayRuns`):
 
-- **resources**: each run is a task of ``slot`` CPUs (``cores // jobs``,
-  ``cores`` being the cluster's) and ``gpus_per_run`` GPUs (fractions
-  allowed); Ray starts as many at once as the cluster holds. A task runs
-  in a worker process of its own (``max_calls=1``): no module state
-  crosses runs.
+- **resources**: each run is a task of :class:`Plan`'s ``slot`` CPUs and
+  ``gpus_per_run`` GPUs (fractions allowed), in a worker process of its own
+  (:mod:`.worker`); Ray starts as many at once as the cluster holds.
 - **pairs**: the runs of one seed (the arms a paired test compares) share a
   placement group packed on one node (``STRICT_PACK``), ``min(runs, jobs)``
   slots wide: both arms of a seed compute in one numerical environment.
@@ -24,9 +22,6 @@ down at the end. :func:`~.sweep.run_tasks` then runs the jobs there (:class:`Ray
   the output folder is on storage every node sees, and starts at round 1
   elsewhere (one line says which). No other failure is retried
   (:func:`~.sweep.run_tasks`).
-
-The sweep's process alone writes the output folder: a task returns its
-result file's contents (:func:`~.worker.run_task`).
 """
 
 from __future__ import annotations

@@ -29,28 +29,21 @@
   that did not move the global model, by why (``stalled_rounds``).
 
 A run fails (:meth:`RunObserver.check`) when most of its trained rounds
-did not move the global model (:func:`stalled_rounds`: no aggregate, a model
-equal to the one before, or a non-finite one), naming those rounds and the
-strategy's last warnings.
-
-A round is read from the instruction's ``server-round`` config entry
-(Flower's strategies set it), else from its group id (the legacy API's):
-:func:`~lips_flwr.experiments.batched.calls.round_of`, which also seeds the
-client calls.
-A round whose train (or evaluate) instructions were all answered with errors
-ends the run (:class:`RunFailed`): every later round would fail alike.
+did not move the global model (:func:`stalled_rounds`), naming those rounds
+and the strategy's last warnings; a round whose train (or evaluate)
+instructions were all answered with errors ends it at once
+(:class:`RunFailed`): every later round would fail alike. An instruction's
+round is :func:`~lips_flwr.experiments.batched.calls.round_of`'s.
 
 The observations so far are kept in the staging folder after every delivery
 and every new step, and in a resumable run the last global model too; a
 resumed run keeps the rounds before its first new round from them
 (:meth:`RunObserver.resume_from`).
 
-A strategy's aggregated metrics (LIPS's ``lips-*`` keys), the ServerApp's
-own evaluation (``evaluate_fn``) and a strategy's warnings (``LIPS: round 3
-has no aggregate``) reach only Flower's log, which dies with the run's
-staging folder. :class:`StrategyLog` is a handler on the ``flwr`` logger
-that turns the lines flwr 1.42 writes into :class:`Heard` events, by their
-format string and arguments (never by parsing text):
+What only Flower's log tells (it dies with the run's staging folder),
+:class:`StrategyLog` reads: a handler on the ``flwr`` logger that turns the
+lines flwr 1.42 writes into :class:`Heard` events, by their format string and
+arguments (never by parsing text):
 
 ==============================================================  ==========================================
 the line (flwr 1.42, or LIPS's ``round_log``)                   the event

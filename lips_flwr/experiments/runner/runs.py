@@ -10,20 +10,16 @@ numbers::
     {"app": {"name", "digest"}, "run_config": {...}, "seed", "num_nodes", "engine",
      "lips_forced": {"tau0": 0.0} or {}, "code": {"lips_flwr", "source"}}
 
-The app's ``digest`` covers its ``pyproject.toml`` and its components'
-packages; the run's process adds ``app.modules`` once the run has ended,
-each module it loaded from the App folder (a sibling ``helpers.py`` too) with
-the digest of its code (:func:`~.apps.loaded_modules`; under ``flwr run``,
-every ``.py`` file of the folder). A result is reused only while each of
-those files has that digest still (:func:`identity_now`). The digests are of
-the code, not of the bytes (:func:`~.apps.code_content`): an edit of a
-comment or a docstring keeps a result, an edit of the code does not; paths
-are relative to the App folder, so a moved checkout keeps its results.
-
 and, on the stacked engine only, ``"chunk_size"`` (the most clients trained
 at once, ``None`` for a whole round: it changes the numbers, to rounding;
 a chunk halved on a CUDA out-of-memory error is not known beforehand and
-is not in it).
+is not in it). The app's ``digest`` covers its ``pyproject.toml`` and its
+components' packages; the run's process adds ``app.modules`` once the run
+has ended, each module it loaded from the App folder with the digest of its
+code (:func:`~.apps.loaded_modules`; under ``flwr run``, every ``.py`` file
+of the folder). A result is reused only while each of those files has that
+digest still (:func:`identity_now`). The digests are of the code, not of the
+bytes (:func:`~.apps.code_content`), and paths are relative to the App folder.
 
 Library versions and hardware are provenance (:mod:`.provenance`), not
 identity. **Runner-managed keys**: when the app's run config declares
