@@ -12,13 +12,8 @@ under the same identity. So the runner keeps every node's whole
 replies (before the strategy sees them, so before it checkpoints that round),
 ``client-contexts/round-<r>.npz`` holds each node's state after round ``r``;
 a continued run starting at round ``k`` gets round ``k - 1``'s back before
-any client runs.
-
-Before a stopped run is continued, :func:`staging_problem` reads every file
-it would continue from; one that is unreadable, damaged or inconsistent
-with the checkpoint's round makes the run start again at round 1, with the
-file named (:func:`claim_staging`): a run is continued whole or not
-at all.
+any client runs. A stopped run is continued whole or not at all
+(:func:`claim_staging`).
 """
 
 from __future__ import annotations
@@ -85,8 +80,7 @@ class ClientContexts:
     It wraps the runner's observer (``inner``): each delivery's replies go to
     it after the clients' state is kept. ``attach(grid)`` gives it the
     Grid's node contexts before the ServerApp starts. With ``resuming``, the
-    first train instructions (round ``k``) restore the state after round
-    ``k - 1`` into every node's context before any client runs.
+    first train instructions restore the state (see the module docstring).
     """
 
     def __init__(self, inner: Any, staging: Path, resuming: bool) -> None:
@@ -193,10 +187,8 @@ def staging_problem(staging: Path, run_config: dict[str, Any]) -> str | None:
     """Why a stopped run's staging folder cannot be continued exactly (a file named); ``None``: it can."""
     checkpoint = run_config.get("checkpoint-path")
     rnd, problem = _checkpoint_round(Path(str(checkpoint))) if checkpoint else (0, None)
-    if problem:
-        return problem
-    problem = (_observed_problem(staging / OBSERVED, rnd) or _last_global_problem(staging / LAST_GLOBAL, rnd)
-               or _segments_problem(staging / SEGMENTS))
+    problem = (problem or _observed_problem(staging / OBSERVED, rnd)
+               or _last_global_problem(staging / LAST_GLOBAL, rnd) or _segments_problem(staging / SEGMENTS))
     if problem:
         return problem
     if rnd:
@@ -231,11 +223,9 @@ def claim_staging(job: PreparedRun, progress: Callable[[str], None]) -> bool:
     """
     identity = json.loads(json.dumps(job.identity))
     if job.staging.exists():
-        saved = staged_identity(job.staging)
-        changed = staged_code_changes(job) if saved == identity else []
-        if saved != identity:
+        if staged_identity(job.staging) != identity:
             why = "it holds a run with another identity"
-        elif changed:
+        elif changed := staged_code_changes(job):
             why = f"the app's code it ran changed: {', '.join(changed)}"
         else:
             why = not_resumable(job.run_config, job.identity["engine"]) or staging_problem(
