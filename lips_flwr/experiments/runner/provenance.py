@@ -3,13 +3,10 @@
 The *code identity* (:func:`code_identity`) is part of a run's identity: the
 package version and a digest of every ``.py`` file of ``lips_flwr``, so a
 result computed by other code is never reused. The *provenance*
-(:func:`provenance`) says where and how the run was computed, without
-deciding whether it is reused: the git commit (and whether the checkout had
-uncommitted changes) when ``lips_flwr`` is imported from a git checkout, the
-Python, numpy, torch and flwr versions, the platform, the CPU model and flags
-(``/proc/cpuinfo``), the GPU, the engine, the threads, the start time and the
-wall time. Two runs meant to be paired compare their provenance with
-:func:`same_environment`.
+(:func:`provenance`) says where and how the run was computed (the git commit
+of a checkout, versions, the machine, threads, times), without deciding
+whether it is reused. Two runs meant to be paired compare their provenance
+with :func:`same_environment`.
 """
 
 from __future__ import annotations
@@ -136,9 +133,7 @@ def provenance(engine: str, started: str, wall_seconds: float | None, **extra: A
 def same_environment(a: dict[str, Any] | None, b: dict[str, Any] | None) -> tuple[bool | None, list[str]]:
     """Whether two runs (each in all its segments) ran in one environment; the keys that differ.
 
-    The environment is the part of a provenance record that decides a run's
-    arithmetic (:data:`ENVIRONMENT_KEYS`). ``(None, [])`` when either has no
-    provenance (a file written before it was recorded).
+    ``(None, [])`` when either has no provenance (a file written before it was recorded).
     """
     if a is None or b is None:
         return None, []

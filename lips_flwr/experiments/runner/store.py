@@ -16,11 +16,9 @@ at the top level) without identity or provenance.
 A run works in ``<out>/.staging/<name>/`` (``identity.json`` first; the
 app's results file, checkpoint and client state; the runner's partial
 observations and its copy of the clients' state, :mod:`.resume`; its log),
-removed once the result file is written or the run
-failed; a stopped run's folder stays, whatever a later sweep runs, until a
-sweep runs that name again (:func:`prune_staging`). ``<out>/.sweep.lock``
-(an ``flock``, with the holder's pid) keeps a second sweep out of a folder
-that a live sweep writes.
+removed once the result file is written or the run failed; a stopped run's
+folder stays (:func:`prune_staging`). :class:`SweepLock` keeps a second
+sweep out of a folder that a live sweep writes.
 """
 
 from __future__ import annotations
