@@ -35,7 +35,7 @@ def toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return {"inf": "inf", "-inf": "-inf", "nan": "nan"}.get(repr(value), repr(value))
+        return repr(value)  # (TOML spells inf, -inf and nan as repr does)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     raise TypeError(f"a run-config value must be a bool, int, float or str, got {type(value).__name__}")
