@@ -35,7 +35,8 @@ def toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return repr(value)  # (TOML spells inf, -inf and nan as repr does)
+        return repr(float(value))  # (TOML spells inf, -inf and nan as repr does; numpy 2's repr of its
+        # float64, a float too, is np.float64(0.5))
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     raise TypeError(f"a run-config value must be a bool, int, float or str, got {type(value).__name__}")

@@ -79,6 +79,8 @@ def test_run_config_string_quotes_strings():
     from lips_flwr.experiments.runner.flwr_runs import run_config_string
 
     assert run_config_string({"a": 1, "b": "x", "c": 0.5, "d": True}) == "a=1 b='x' c=0.5 d=true"
+    # A numpy float64 is a float; numpy 2 writes its repr as np.float64(0.5), which is not TOML.
+    assert run_config_string({"c": np.float64(0.5), "e": float("inf")}) == "c=0.5 e=inf"
     assert parse_overrides(["num-server-rounds=10", "dataset='digits'", "tau0=0.7"])[0] == {
         "num-server-rounds": 10, "dataset": "digits", "tau0": 0.7}
 
