@@ -1,7 +1,7 @@
 """What the runner keeps beyond the Grid's messages: Flower's log lines, rounds that did not move the model.
 
 The observer hears the strategy's metrics, the ServerApp's evaluation and its
-warnings through a handler on the ``flwr`` logger (``observe.StrategyLog``); a
+warnings through a handler on the ``flwr`` logger (``strategy_log.py``); a
 run whose global model did not move in most rounds fails with those warnings.
 """
 
