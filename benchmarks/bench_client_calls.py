@@ -46,15 +46,14 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     stacked one, the Rendezvous leader's gathered calls (``_execute``).
     """
     sys.path.insert(0, str(Path.cwd() / "examples" / "paper"))
-    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
     from lips_paper.client_app import app as client_app
     from lips_paper.server_app import app as server_app
 
-    from lips_flwr.experiments.task import training
-    from lips_flwr.experiments.batched import rendezvous
-    from lips_flwr.experiments.batched import run_batched
+    from lips_flwr.experiments.batched import rendezvous, run_batched
     from lips_flwr.experiments.batched.calls import round_of
     from lips_flwr.experiments.batched.grid import BatchedGrid
+    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
+    from lips_flwr.experiments.task import training
 
     compute = [0.0]
 
@@ -78,16 +77,16 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     conf.update({"algorithm": "lips", "seed": 1000, "results-path": f"{state}/results.json",
                  "num-server-rounds": rounds, "samples-per-client": 10, "test-samples": 10,
                  "local-epochs": 1, "lips-state-dir": f"{state}/clients", "checkpoint-path": f"{state}/ck.npz"})
-    # Each delivery's client time and compute, by round: round 1 also builds each client's data (once
-    # a process), which a long sweep spreads over all its rounds; rounds 2..R show what a call costs then.
+    # Each delivery's client time and compute, by round: round 1 also builds each client's data (once a
+    # process), which a long sweep spreads over all its rounds; rounds 2..R show a call's cost then.
     by_round: dict[int, list[float]] = {}
     deliver = BatchedGrid._deliver
 
     def timed_deliver(grid, timeout):
-        rounds = {round_of(msg) for msg in grid._pending.values()}
+        delivered = [r for r in (round_of(msg) for msg in grid._pending.values()) if r is not None]
         calls, before = len(grid._pending), (grid.client_seconds, compute[0])
         deliver(grid, timeout)
-        totals = by_round.setdefault(max((r for r in rounds if r is not None), default=0), [0.0, 0.0, 0])
+        totals = by_round.setdefault(max(delivered, default=0), [0.0, 0.0, 0])
         totals[0] += grid.client_seconds - before[0]
         totals[1] += compute[0] - before[1]
         totals[2] += calls
@@ -110,7 +109,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
 
 
 def later_overhead_ms(by_round: dict[int, list[float]]) -> float:
-    """Overhead per call (ms) in the rounds after the first: ``by_round`` is round -> [client s, compute s, calls]."""
+    """Overhead per call (ms) in the rounds after the first (``by_round``: round -> [client s, compute s,
+    calls])."""
     later = [totals for rnd, totals in by_round.items() if rnd > 1]
     calls = sum(totals[2] for totals in later)
     return sum(totals[0] - totals[1] for totals in later) / calls * 1e3 if calls else float("nan")

@@ -29,9 +29,9 @@ kept. A plain name longer than 64 characters becomes its first 32 characters,
 file name stays far below the 255 bytes filesystems allow.
 
 An engine that runs many clients in one process (the batched Grid) opens
-:func:`saves_behind` around a round's calls: each client's file is then
-written by a thread of its own while the next client runs, and the block
-waits for every file before the replies go on to the strategy, whose
+:func:`saves_behind` around one delivery's calls: the block's thread then
+writes the clients' files, in order, while the next clients run, and the
+block waits for every file before the replies go on to the strategy, whose
 checkpoint is thus never newer than the clients' files.
 """
 
@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import cast
 
@@ -282,8 +282,8 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
     if path is None:
         return
     present = [key for key in PERSISTED if key in state]
-    # Read-only views of the Arrays' bytes and copies of the configs: what is written is the state of
-    # now, whatever the client's records hold by the time a thread of saves_behind writes it.
+    # Read-only views of the Arrays' bytes and shallow copies of the configs (int values): what is
+    # written is the state of now, whatever the records hold when the thread of saves_behind writes it.
     groups = {k: record_views(cast(ArrayRecord, state[k]))
               for k in present if isinstance(state[k], ArrayRecord)}
     configs = {k: dict(state[k]) for k in present if isinstance(state[k], ConfigRecord)}
@@ -291,12 +291,18 @@ def save_state(state: RecordDict, path: Path | None, trained_round: int) -> None
         return
     write = functools.partial(_write_state, path, groups, configs, trained_round)
     writer = _BEHIND.get()
-    if writer is None or not writer.take(write):
+    if writer is None or not writer.take(path, write):
         write()
 
 
 def _write_state(path: Path, groups: dict[str, dict], configs: dict[str, dict], trained_round: int) -> None:
-    """:func:`save_state`'s file, written now."""
+    """:func:`save_state`'s file, written now.
+
+    The rotation to the previous file is not under the path's lock (only the
+    write is): a client's saves never overlap, as a client's next call waits
+    for its last one (the batched Grid leaves a node with a running call out),
+    and the thread of :func:`saves_behind` writes one file after another.
+    """
     try:
         if _not_a_file(path):
             return
@@ -312,37 +318,45 @@ def _write_state(path: Path, groups: dict[str, dict], configs: dict[str, dict], 
 
 
 class _Writer:
-    """A thread that runs the writes handed to it, in order, until it is closed."""
+    """A thread, started at the first write, that runs the writes handed to it in order until closed."""
 
     def __init__(self) -> None:
-        self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._writes: queue.SimpleQueue[tuple[Path, Callable[[], None]] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # a write is either taken before close() or refused after it
         self._open = True
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="lips-flwr client state", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # the first a write raised (beyond the OS errors it logs)
+        self.writing: Path | None = None  # the file being written, named when a wait runs out
 
-    def take(self, write: Callable[[], None]) -> bool:
-        """Queue ``write``; ``False`` once closed (the caller then writes it itself)."""
+    def take(self, path: Path, write: Callable[[], None]) -> bool:
+        """Queue ``write`` of ``path``; ``False`` once closed (the caller then writes it itself)."""
         with self._lock:
             if self._open:
-                self._writes.put(write)
+                if self._thread is None:  # (a daemon: a write stuck on a dead mount keeps no process alive)
+                    self._thread = threading.Thread(target=self._run, name="lips-flwr client state",
+                                                    daemon=True)
+                    self._thread.start()
+                self._writes.put((path, write))
             return self._open
 
-    def close(self) -> BaseException | None:
-        """Take no more writes and wait for those taken; the first error one of them raised."""
+    def close(self, timeout: float | None) -> bool:
+        """Take no more writes; wait at most ``timeout`` s for those taken: whether all are written."""
         with self._lock:
             self._open = False
+            if self._thread is None:
+                return True
             self._writes.put(None)
-        self._thread.join()
-        return self._error
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
-        while (write := self._writes.get()) is not None:
+        while (item := self._writes.get()) is not None:
+            self.writing, write = item
             try:
                 write()
             except BaseException as err:  # noqa: BLE001 - raised by saves_behind, in its caller's thread
-                self._error = self._error or err
+                self.error = self.error or err
+        self.writing = None
 
 
 # The writer of the saves_behind block this context (or the one it was copied from) is in.
@@ -350,25 +364,35 @@ _BEHIND: ContextVar[_Writer | None] = ContextVar("lips_flwr_client_saves_behind"
 
 
 @contextmanager
-def saves_behind() -> Iterator[None]:
-    """Within the block, :func:`save_state` hands its file to a thread of the block's and returns.
+def saves_behind(timeout: float | None = None) -> Iterator[None]:
+    """Within the block, :func:`save_state` hands its file to the block's thread and returns.
 
     For this context and the contexts copied from it (the batched Grid's
-    client threads). The files are written one after another, in the order
-    the saves were made; leaving the block waits until every one is written
-    (an OS error logged as :func:`save_state` logs it), then raises the first
-    other error a write raised. A save made after the block ended (a call
+    client threads). One thread writes the files, one after another, in the
+    order the saves were made. Leaving the block waits until every one is
+    written (an OS error logged as :func:`save_state` logs it), at most
+    ``timeout`` seconds (``None``: no limit), then raises a ``TimeoutError``
+    naming the file still being written, or else the first other error a
+    write raised. When the block ends by an exception, that one goes on, and
+    a write's error is logged. A save made after the block ended (a call
     that ran past its timeout) is written by its caller, as outside the block.
     """
     writer = _Writer()
     token = _BEHIND.set(writer)
     try:
         yield
-    finally:
+    except BaseException:
         _BEHIND.reset(token)
-        error = writer.close()
-    if error is not None:
-        raise error
+        if writer.close(timeout) and writer.error is not None:
+            log(ERROR, "LIPS: a client state file was not written: %s: %s", type(writer.error).__name__,
+                writer.error)
+        raise
+    _BEHIND.reset(token)
+    if not writer.close(timeout):
+        raise TimeoutError(f"client state files not written within {timeout} s: still writing "
+                           f"{str(writer.writing)!r} (a stuck disk or network mount?)")
+    if writer.error is not None:
+        raise writer.error
 
 
 __all__ = ["STATE_DIR_KEY", "load_state", "save_state", "saves_behind", "state_path"]

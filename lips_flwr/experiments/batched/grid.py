@@ -57,8 +57,9 @@ shared generators. ``observer`` (a :class:`GridObserver`) is told of every
 push and every delivery's replies as they happen.
 
 A client's state file (:func:`~lips_flwr.clients.persistent_state_mod`) is
-written behind the next client's call, and every file of a delivery is on
-disk before its replies go on (:func:`~lips_flwr.clients.persist.saves_behind`).
+written behind the next clients' calls, and every file of a delivery is
+written before its replies go on, within the delivery's ``timeout`` after
+its calls (:func:`~lips_flwr.clients.persist.saves_behind`).
 """
 
 from __future__ import annotations
@@ -298,7 +299,9 @@ class BatchedGrid(Grid):
         callable_now = [msg for msg in pending if not self._still_busy(msg.metadata.dst_node_id)]
         seeds = [self.call_seed(msg) for msg in callable_now]  # in node order, whichever engine
         start = time.perf_counter()
-        with saves_behind():  # (the wait for the files counts as the clients' time)
+        # The clients' state files are written behind the calls; the wait for them counts as the clients'
+        # time and is bounded as a call is (TimeoutError: a stuck disk stops the run rather than hang it).
+        with saves_behind(timeout):
             if self.engine == "sequential":
                 answered = self._run_sequential(callable_now, seeds, timeout)
             else:
