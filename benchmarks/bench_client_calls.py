@@ -10,10 +10,11 @@ tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
 for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
 are in the working tree, in fresh processes that alternate (``--reps``), and
 splits each run's client time into compute (inside ``local_compute()``, timed
-by a wrapper) and overhead (the rest).
+by a wrapper) and overhead (the rest). ``--rev`` at 4afdc2b or later: the
+runs' code is imported from there, the timing from this file.
 
-    python benchmarks/bench_client_calls.py --rev 5e6e5f4              # 100 clients x 6 rounds, 3 reps: ~2 min
-    python benchmarks/bench_client_calls.py --rev 5e6e5f4 --reps 5 --rounds 10
+    python benchmarks/bench_client_calls.py --rev 14f54fa              # 100 clients x 6 rounds, 3 reps: ~2 min
+    python benchmarks/bench_client_calls.py --rev 14f54fa --reps 5 --rounds 10
     python benchmarks/bench_client_calls.py --rev HEAD --after-env OPENBLAS_NUM_THREADS=1  # the same code, one BLAS thread
 
 Reported: the medians of overhead per call (ms), over all rounds and over
