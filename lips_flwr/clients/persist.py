@@ -54,7 +54,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.common import log
 
 from .._records import numpy_to_record, record_views
-from ..persistence.npz_store import read_groups, read_meta, write_groups
+from ..persistence.npz_store import read_groups, read_meta, remove_stale_temporaries, write_groups
 from ..protocol import KEY_RUN, KEY_STATE_DIR, is_run_key
 from .state import LOCAL_KEY, SIGNAL_KEY, SIGNAL_ROUND_KEY
 
@@ -310,6 +310,8 @@ def _write_state(path: Path, groups: dict[str, dict], configs: dict[str, dict], 
         if last is not None and last < trained_round:
             os.replace(path, _previous(path))
         written = write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
+        if str(path) not in _written:  # this process's first file there: what killed writers left beside it
+            remove_stale_temporaries(path, pid_only=True)
         _written[str(path)] = (_identity(written), trained_round)
     except OSError as err:
         _warn_once("save", str(path.parent), "LIPS: client state not kept on disk: cannot write "

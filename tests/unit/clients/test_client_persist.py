@@ -26,6 +26,7 @@ from test_clients import NAMES, FakeApp, UserClient, lips_config, message
 pytestmark = pytest.mark.usefixtures("task_identity")
 KEY = "0123456789abcdef0123456789abcdef"
 OTHER_KEY = "f" * 32
+NAME = f"lips-client-{KEY}-0.npz"
 
 
 def new_run_context(folder, partition: int = 0, where: str = "node") -> Context:
@@ -172,3 +173,18 @@ def test_a_file_another_writer_put_in_place_is_read_again_before_a_save(tmp_path
     assert read_groups(name, "state")[1]["round"] == 3
     train_round(ctx, app, 4)  # the file this process wrote: round 3, kept as the previous one
     assert read_groups(previous, "state")[1]["round"] == 3 and len(read) == 1
+
+
+def test_a_first_save_removes_the_temporaries_that_killed_writers_left(tmp_path):
+    """A writer killed mid-write (SIGKILL, or at exit in a thread) leaves ``.<name>.<pid>.<random>``."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / f".{NAME}.{gone}.abc123"
+    live = tmp_path / f".{NAME}.{os.getppid()}.def456"  # a running process's: mid-write, kept
+    for path in (stale, live):
+        path.write_bytes(b"half a file")
+    train_round(new_run_context(tmp_path), FakeApp(), 1)
+    assert not stale.exists() and live.exists() and (tmp_path / NAME).exists()
