@@ -10,9 +10,9 @@ process, saying in the reason what the ClientApp did. Only
 ``KeyboardInterrupt`` passes through: a real Ctrl-C must stop the run.
 
 Flower's ``Grid.send_and_receive(timeout=...)`` returns the replies that came
-in time and leaves the other nodes out. :class:`ThreadCall` runs one call in
-a thread of its own, so that the Grid can stop waiting for it; the call goes
-on, and its reply, when it comes, is discarded.
+in time and leaves the other nodes out. :class:`CallsInTurn` runs calls one
+after another in a thread that the Grid can stop waiting for; a call past its
+deadline goes on, and its reply, when it comes, is discarded.
 
 :func:`nodes_awaited` tells the Grid when a strategy asks for its nodes in
 order to wait until ``min_available_nodes`` are connected (Flower's
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Generic, TypeVar
 
@@ -149,42 +150,93 @@ def error_reply(msg: Message, code: int, reason: str) -> Message:
     return Message(Error(code=code, reason=reason), reply_to=msg)
 
 
-class ThreadCall(Generic[T]):
-    """``fn()`` running in a daemon thread of its own, in a copy of the caller's context
-    (``contextvars``), which the caller may stop waiting for.
+class CallsInTurn(Generic[T]):
+    """``calls`` run one after another in a daemon thread, each with ``timeout`` seconds from its own start
+    and in a copy of the caller's context (``contextvars``), as a thread of its own per call would run it.
 
-    Started on construction. :meth:`wait` waits up to ``timeout`` seconds
-    (a Ctrl-C interrupts it); :meth:`outcome` is ``fn``'s result, or raises
-    what ``fn`` raised.
+    A thread per call cost 0.2-0.6 ms a call in its start and the two hand-overs of the GIL between it
+    and the waiting caller (more with the client state files' writer thread running; benchmarks/README.md
+    section 8). Here one thread runs the calls back to back, and the caller sleeps until the running
+    call's deadline or the last call's end. A call past its deadline is abandoned: its thread finishes
+    it, discards what it returns and ends, and the calls after it go on in a new thread.
     """
 
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
-        self._fn = fn
-        self._result: T | None = None
+    def __init__(self, calls: Sequence[Callable[[], T]], timeout: float, name: Callable[[int], str]) -> None:
+        self._calls, self._timeout, self._name = calls, timeout, name
+        self._context = contextvars.copy_context()  # (the caller's: a new thread starts with an empty one)
+        self._turn = threading.Condition()  # guards what follows
+        self._next = 0  # the call running, or the next to run
+        self._started = 0.0  # when the running call started (time.monotonic)
+        self._results: list[T | None] = [None] * len(calls)
         self._error: BaseException | None = None
-        # In the caller's context, as asyncio.to_thread runs a call: a thread starts with an empty
-        # one, and the call would lose what the caller set (the engine of training.computing_with).
-        context = contextvars.copy_context()
-        self.thread = threading.Thread(target=context.run, args=(self._run,), name=name, daemon=True)
-        self.thread.start()
+        self._over = False  # every call done, or one raised, or the caller stopped waiting
 
-    def _run(self) -> None:
-        try:
-            self._result = self._fn()
-        except BaseException as err:  # noqa: BLE001 - raised by outcome(), in the caller's thread
-            self._error = err
-
-    def wait(self, timeout: float | None) -> bool:
-        """Whether ``fn`` has returned (or raised) within ``timeout`` seconds (``None``: no limit)."""
-        self.thread.join(timeout)
-        return not self.thread.is_alive()
-
-    def outcome(self) -> T:
-        """``fn``'s result, or what it raised (raised here); only once :meth:`wait` returned True."""
+    def run(self, on_abandoned: Callable[[int, threading.Thread], None]) -> list[T | None]:
+        """Each call's result (``None`` for an abandoned call), or what the first call to raise raised
+        (raised here; the calls after it do not run). ``on_abandoned(index, thread)`` is told of each
+        abandoned call as it is abandoned; a Ctrl-C in the wait stops the calls not yet started."""
+        with self._turn:
+            if not self._calls:
+                return []
+            worker = self._start()
+            try:
+                while not self._over:
+                    left = self._started + self._timeout - time.monotonic()
+                    if left > 0:
+                        self._turn.wait(left)
+                        continue
+                    abandoned, worker.abandoned = self._next, True  # (its thread sees it under this lock)
+                    on_abandoned(abandoned, worker.thread)
+                    self._next += 1
+                    if self._next == len(self._calls):
+                        break
+                    worker = self._start()
+            finally:
+                self._over = True  # (a Ctrl-C: the thread starts no further call)
         if self._error is not None:
             raise self._error
-        return self._result  # type: ignore[return-value]
+        return self._results
+
+    def _start(self) -> _Worker:
+        """A new thread for the calls from ``_next`` on (called under the lock)."""
+        worker = _Worker()
+        self._started = time.monotonic()  # (the first call's start, to within the thread's)
+        worker.thread = threading.Thread(target=self._work, args=(worker,), name=self._name(self._next),
+                                         daemon=True)
+        worker.thread.start()
+        return worker
+
+    def _work(self, worker: _Worker) -> None:
+        while True:
+            with self._turn:
+                if worker.abandoned or self._over:
+                    return
+                if self._next == len(self._calls):
+                    self._over = True
+                    self._turn.notify()
+                    return
+                index, self._started = self._next, time.monotonic()
+            try:
+                result = self._context.copy().run(self._calls[index])
+            except BaseException as err:  # noqa: BLE001 - raised by run(), in the caller's thread
+                with self._turn:
+                    if not worker.abandoned:
+                        self._error, self._over = err, True
+                        self._turn.notify()
+                return
+            with self._turn:
+                if worker.abandoned:  # past its deadline: what it returned is discarded
+                    return
+                self._results[index] = result
+                self._next, self._started = index + 1, time.monotonic()  # (the next call's deadline at once)
 
 
-__all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "ThreadCall", "error_reply", "received_copy",
+class _Worker:
+    """One thread of :class:`CallsInTurn`, abandoned with the call it runs past that call's deadline."""
+
+    thread: threading.Thread
+    abandoned = False
+
+
+__all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "CallsInTurn", "error_reply", "received_copy",
            "reply_or_error", "round_of"]

@@ -87,7 +87,7 @@ from lips_flwr.clients.persist import saves_behind
 from lips_flwr.errors import ConfigError
 from lips_flwr.experiments.batched.arrays import view_records
 from lips_flwr.experiments.batched.calls import (
-    ThreadCall,
+    CallsInTurn,
     nodes_awaited,
     received_copy,
     reply_or_error,
@@ -321,20 +321,18 @@ class BatchedGrid(Grid):
 
     def _run_sequential(self, calls: list[Message], seeds: list[int | None],
                         timeout: float | None) -> Answered:
-        """One call after another, each with the whole ``timeout`` from its own start."""
-        answered = []
-        for msg, seed in zip(calls, seeds):
-            with self._kept():
-                if timeout is None:  # nothing to abandon: in this thread, in a copy of its context
-                    answered.append((msg, contextvars.copy_context().run(self._call_client, msg, seed)))
-                    continue
-                call = ThreadCall(functools.partial(self._call_client, msg, seed),
-                                  name=f"node {msg.metadata.dst_node_id}")
-                if call.wait(timeout):
-                    answered.append((msg, call.outcome()))
-                else:
-                    self._left_out(msg.metadata.dst_node_id, call.thread, timeout)
-        return answered
+        """One call after another, each with the whole ``timeout`` from its own start
+        (:class:`.calls.CallsInTurn`: in one thread, and a new one after a call it abandons)."""
+        with self._kept():  # (each call seeds the generators first: kept across the delivery, as stacked)
+            if timeout is None:  # nothing to abandon: in this thread, each call in a copy of its context
+                return [(msg, contextvars.copy_context().run(self._call_client, msg, seed))
+                        for msg, seed in zip(calls, seeds)]
+            in_turn = CallsInTurn([functools.partial(self._call_client, msg, seed)
+                                   for msg, seed in zip(calls, seeds)],
+                                  timeout, name=lambda index: f"node {calls[index].metadata.dst_node_id}")
+            replies = in_turn.run(on_abandoned=lambda index, thread: self._left_out(
+                calls[index].metadata.dst_node_id, thread, timeout))
+        return [(msg, reply) for msg, reply in zip(calls, replies) if reply is not None]
 
     def _run_stacked(self, calls: list[Message], seeds: list[int | None], timeout: float | None) -> Answered:
         """Every call in its own thread, their training calls gathered (:mod:`.rendezvous`)."""
