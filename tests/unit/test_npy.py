@@ -136,3 +136,48 @@ def test_a_clients_received_copy_has_its_own_arrays_over_the_same_bytes():
     first.content["arrays"]["w"].data = Array(np.full(2, 5.0, np.float32)).data  # a mod edits its own
     assert second.content["arrays"]["w"].numpy().tolist() == [1.0, 1.0] == record["w"].numpy().tolist()
     assert first.metadata.dst_node_id == 7 and first.content["config"]["k"] == 1
+
+
+def test_arrays_and_records_built_at_once_are_what_flowers_constructors_build():
+    from flwr.app import Array, ArrayRecord
+
+    from lips_flwr import _records
+    from lips_flwr._records import array_of, new_array, record_of
+
+    # On this Flower (CI runs the pinned and the lowest supported) the fast builds are in use.
+    assert _records._FAST_ARRAYS and _records._FAST_RECORDS
+    fields = {"dtype": "float32", "shape": (2, 3), "stype": "numpy.ndarray", "data": b"\x00" * 24}
+    built, flower = new_array(**fields), Array(**fields)
+    assert type(built) is Array and list(vars(built).items()) == list(vars(flower).items())
+    assert built.object_id == flower.object_id and built.deflate() == flower.deflate()
+    made = array_of(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert list(vars(made).items()) == list(vars(Array(np.arange(6, dtype=np.float32).reshape(2, 3))).items())
+    arrays = {"a": flower, "b": made}
+    by_items = ArrayRecord()
+    for name, array in arrays.items():
+        by_items[name] = array
+    at_once = record_of(arrays)
+    assert list(vars(at_once)) == list(vars(by_items)) and at_once == by_items
+    assert all(at_once[n] is arrays[n] for n in arrays) and at_once.is_dirty
+    assert at_once.object_id == by_items.object_id
+    assert list(vars(record_of({}))) == list(vars(ArrayRecord()))
+    with pytest.raises(TypeError, match="Key must be of type `str`"):
+        record_of({1: flower})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="Value must be of type"):
+        record_of({"a": np.ones(2)})  # type: ignore[dict-item]
+
+
+def test_where_flower_builds_otherwise_its_own_constructors_are_used(monkeypatch):
+    from flwr.app import Array
+
+    from lips_flwr import _records
+
+    monkeypatch.setattr(_records, "_FAST_ARRAYS", False)
+    monkeypatch.setattr(_records, "_FAST_RECORDS", False)
+    fields = {"dtype": "float32", "shape": (1,), "stype": "numpy.ndarray", "data": bytes(4)}
+    built = _records.new_array(**fields)
+    assert list(vars(built).items()) == list(vars(Array(**fields)).items())
+    record = _records.record_of({"a": built})
+    assert record["a"] is built and list(record) == ["a"]
+    with pytest.raises(TypeError, match="Value must be of type"):
+        _records.record_of({"a": 1})  # type: ignore[dict-item]

@@ -74,3 +74,20 @@ def test_a_missing_an_extra_or_a_misshapen_tensor_is_an_error_naming_it():
                          ({**state, count: state[count].reshape(1)}, f"other shapes \\[{count} \\(1,\\) for \\(\\)\\]")):
         with pytest.raises(ValueError, match=f"does not fit this one: .*{what}"):
             load_received(net, numpy_to_record(record))
+
+
+def test_a_model_loaded_again_after_its_tensors_were_replaced_gets_the_new_ones_loaded():
+    # The CPU path writes through numpy views kept per model: a tensor given other memory
+    # (``param.data = ...``) or replaced by another object must be loaded, not its old memory.
+    net = build_model("fashion-cnn", 10, 1)
+    load_received(net, numpy_to_record(received(1)))
+    name, param = next(iter(net.named_parameters()))
+    param.data = torch.zeros_like(param)
+    buffer = next(n for n, _ in net.named_buffers() if n.endswith("running_mean"))
+    module, attr = buffer.rsplit(".", 1)
+    net.get_submodule(module).register_buffer(attr, torch.zeros_like(net.get_buffer(buffer)))
+    state = received(2)
+    load_received(net, numpy_to_record(state))
+    for n, tensor in net.state_dict().items():
+        assert tensor.numpy().tobytes() == state[n].tobytes(), n
+    assert all(p.requires_grad for p in net.parameters())
