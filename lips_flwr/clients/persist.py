@@ -24,9 +24,8 @@ is logged and treated as absent, and so is one written for another model
 (tensors this model lacks, or of other shapes): the client starts fresh. A
 partition id (or node id) that is not a plain name (``[A-Za-z0-9_.-]+``
 without ``..``) never becomes part of a path: it is logged and nothing is
-kept. A plain name longer than 64 characters becomes its first 32 characters,
-``-`` and the SHA-256 of the whole name (:func:`_file_part`), so that every
-file name stays far below the 255 bytes filesystems allow.
+kept. A plain name longer than 64 characters is shortened (:func:`_file_part`):
+every file name stays far below the 255 bytes filesystems allow.
 
 An engine that runs many clients in one process (the batched Grid) opens
 :func:`saves_behind` around one delivery's calls: the block's thread then
@@ -37,11 +36,13 @@ checkpoint is thus never newer than the clients' files.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
 import queue
 import re
+import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -67,6 +68,7 @@ _warned: set[tuple[str, str]] = set()  # (what, where): each problem is logged o
 # path -> (the file's identity when this process wrote it, its round): a save reads the round of the
 # file it replaces, and the file is nearly always the one this process wrote last (:func:`_saved_round`).
 _written: dict[str, tuple[tuple[int, int, int, int], int]] = {}
+_NOTHING_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)  # as pathlib's exists()
 
 
 def _warn_once(what: str, where: str, message: str, *args: object) -> None:
@@ -84,18 +86,13 @@ def _plain_name(value: object) -> str | None:
     return None
 
 
-# A plain name this long or shorter is used as it is; a longer one is shortened (_file_part).
-_LONGEST_PLAIN = 64
+_LONGEST_PLAIN = 64  # a plain name this long or shorter is used as it is; a longer one is shortened
 
 
 def _file_part(who: str) -> str:
-    """The partition/node id's part of a file name: ``who``, or a short stable name for a long one.
-
-    Collision-free: a name of at most 64 characters is kept as it is; a
-    longer one becomes its first 32 characters, ``-`` and the 64 hex digits
-    of its SHA-256, 97 characters. The two forms differ in length, so they
-    never meet, and two long names share a file only if their SHA-256 do.
-    """
+    """The partition/node id's part of a file name: ``who`` up to 64 characters, else its first 32, ``-``
+    and the 64 hex digits of its SHA-256 (97 characters). The two forms differ in length, so they never
+    meet, and two long names share a file only if their SHA-256 do."""
     if len(who) <= _LONGEST_PLAIN:
         return who
     return f"{who[:32]}-{hashlib.sha256(who.encode('utf-8')).hexdigest()}"
@@ -124,30 +121,35 @@ def state_path(context: Context, config: Mapping) -> Path | None:
     return Path(str(folder)) / f"lips-client-{key}-{_file_part(who)}.npz"
 
 
-def _not_a_file(path: Path) -> bool:
-    """Whether something other than a regular file (a folder, a FIFO) is at ``path`` (logged once).
+def _stat(path: Path) -> os.stat_result | None:
+    """``path.stat()``, ``None`` where ``path.exists()`` is False: one system call for ``exists()`` and
+    ``is_file()``. Other OS errors (no search permission) propagate."""
+    try:
+        return path.stat()
+    except OSError as err:
+        if err.errno in _NOTHING_THERE:
+            return None
+        raise
 
-    Such a thing is neither read (a FIFO would block the client) nor
-    replaced (it is not ours). OS errors (no search permission) propagate.
-    """
-    if not path.exists() or path.is_file():
+
+def _not_a_file(path: Path, info: os.stat_result | None) -> bool:
+    """Whether something other than a regular file (a folder, a FIFO) is at ``path`` (``info``: its
+    :func:`_stat`), logged once: it is neither read (a FIFO would block a client) nor replaced (not ours)."""
+    if info is None or stat.S_ISREG(info.st_mode):
         return False
     _warn_once("irregular", str(path), "LIPS: client state not kept on disk: %r is not a regular "
                "file (a folder, a FIFO?); it is neither read nor replaced", str(path))
     return True
 
 
-def _saved_round(path: Path) -> int | None:
-    """The round a state file was saved after; ``None`` if missing or unreadable (logged).
-
-    The file this process wrote there last, still there (:func:`_identity`),
-    is not read again: its round is remembered. OS errors (a folder that
-    cannot be searched or read) propagate.
-    """
-    if not path.exists() or _not_a_file(path):
+def _saved_round(path: Path, info: os.stat_result | None) -> int | None:
+    """The round a state file (``info``: its :func:`_stat`) was saved after; ``None`` if missing or
+    unreadable (logged). The file this process wrote there last, still there (:func:`_identity`), is not
+    read again: its round is remembered. OS errors (a folder that cannot be searched) propagate."""
+    if info is None or _not_a_file(path, info):
         return None
     known = _written.get(str(path))
-    if known is not None and known[0] == _identity(path.stat()):  # unchanged since this process wrote it
+    if known is not None and known[0] == _identity(info):  # unchanged since this process wrote it
         return known[1]
     try:
         meta = read_meta(path, "LIPS client state")  # the arrays are read only for the chosen file
@@ -248,7 +250,7 @@ def load_state(state: RecordDict, path: Path | None, before_round: int | None,
 def _restore_newest(state: RecordDict, path: Path, before_round: int | None,
                     shapes: Mapping[str, Sequence[int]] | None) -> bool:
     """:func:`load_state` once its checks passed; OS errors propagate."""
-    candidates = [(r, p) for p in (path, _previous(path)) if (r := _saved_round(p)) is not None
+    candidates = [(r, p) for p in (path, _previous(path)) if (r := _saved_round(p, _stat(p))) is not None
                   and (before_round is None or r < before_round)]
     for saved_round, source in sorted(candidates, reverse=True):
         try:
@@ -304,10 +306,9 @@ def _write_state(path: Path, groups: dict[str, dict], configs: dict[str, dict], 
     and the thread of :func:`saves_behind` writes one file after another.
     """
     try:
-        if _not_a_file(path):
+        if _not_a_file(path, info := _stat(path)):
             return
-        last = _saved_round(path)
-        if last is not None and last < trained_round:
+        if (last := _saved_round(path, info)) is not None and last < trained_round:
             os.replace(path, _previous(path))
         written = write_groups(path, groups, {"format": FORMAT, "configs": configs, "round": trained_round})
         if str(path) not in _written:  # this process's first file there: what killed writers left beside it
@@ -361,7 +362,6 @@ class _Writer:
         self.writing = None
 
 
-# The writer of the saves_behind block this context (or the one it was copied from) is in.
 _BEHIND: ContextVar[_Writer | None] = ContextVar("lips_flwr_client_saves_behind", default=None)
 
 

@@ -94,8 +94,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], object]) 
     """
     target = Path(path)
     with path_lock(target):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
+        try:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
+        except FileNotFoundError:  # (the folder made when missing only: a write of each round costs no mkdir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=temporary_prefix(target))
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)

@@ -106,3 +106,22 @@ def test_past_the_member_limit_numpy_writes_the_archive(monkeypatch):
     assert data[:5] == b"PK\x03\x04\x2d"
     with np.load(BytesIO(data), allow_pickle=False) as npz:
         assert npz.files == ["a", "b"]
+
+
+def test_write_atomic_makes_a_missing_folder_and_no_folder_call_when_it_is_there(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from lips_flwr.persistence.npz_store import write_atomic
+
+    target = tmp_path / "a" / "b" / "state.npz"
+    write_atomic(target, lambda f: f.write(b"one"))
+    assert target.read_bytes() == b"one"
+    made = []
+    real_mkdir = Path.mkdir
+    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: made.append(self) or real_mkdir(self, *a, **k))
+    write_atomic(target, lambda f: f.write(b"two"))
+    assert target.read_bytes() == b"two" and made == []  # (a save of each round costs no mkdir)
+    (tmp_path / "c").write_text("a file, not a folder")
+    with pytest.raises(NotADirectoryError):
+        write_atomic(tmp_path / "c" / "state.npz", lambda f: f.write(b"x"))
+    assert sorted(p.name for p in target.parent.iterdir()) == ["state.npz"]  # no temporary left
