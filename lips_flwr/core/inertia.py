@@ -23,11 +23,17 @@ def layer_similarities(
 
 
 def update_norms(updates: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Per-layer L2 norm of an update, in float64."""
-    return {
-        name: float(np.linalg.norm(np.asarray(u, dtype=np.float64).reshape(-1)))
-        for name, u in updates.items()
-    }
+    """Per-layer L2 norm of an update, in float64.
+
+    ``np.linalg.norm`` of the flattened float64 array, computed as it computes
+    one (``sqrt(x @ x)``, the same bits) without its argument handling: ~4 us
+    a layer, for every layer of every client's training call.
+    """
+    norms = {}
+    for name, update in updates.items():
+        flat = np.asarray(update, dtype=np.float64).reshape(-1)
+        norms[name] = float(np.sqrt(flat.dot(flat)))
+    return norms
 
 
 def relative_step(current: np.ndarray, start: np.ndarray) -> float | None:

@@ -325,3 +325,19 @@ def test_fedbn_mod_on_a_batch_norm_model_says_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
         make_fedbn_mod()(message(tiny_model(0), {}), ctx, app)
     assert not [r for r in caplog.records if "nothing to keep" in r.getMessage()]
+
+
+def test_fedbn_mod_finds_a_models_local_names_once_and_again_for_another_model(monkeypatch):
+    import lips_flwr.clients.mods as mods
+
+    found = []
+    monkeypatch.setattr(mods, "batch_norm_names", lambda arrays: found.append(list(arrays)) or batch_norm_names(arrays))
+    app, ctx, mod = FakeApp(), context(), make_fedbn_mod()
+    model = tiny_model(0)
+    for kind in (MessageType.TRAIN, MessageType.EVALUATE, MessageType.TRAIN):
+        mod(message(model, {}, kind), ctx, app)
+    assert found == [list(model)]
+    other = {f"net.{name}": array for name, array in model.items()}  # another model: its names
+    mod(message(other, {}, MessageType.TRAIN), ctx, app)
+    assert found == [list(model), list(other)]
+    assert all(name in ctx.state["lips-local"] for name in batch_norm_names(other))

@@ -71,3 +71,13 @@ def test_update_norms():
     assert all(isinstance(v, float) for v in norms.values())
     assert list(norms) == ["x", "z"]
     assert update_norms({}) == {}
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (16, 1, 3, 3), (64, 32, 3, 3)])
+def test_update_norms_are_np_linalg_norm_bit_for_bit(dtype, shape):
+    rng = np.random.default_rng(7)
+    update = (rng.normal(size=shape) * 1e-3).astype(dtype)
+    for u in (update, np.asfortranarray(update)):
+        expected = float(np.linalg.norm(np.asarray(u, dtype=np.float64).reshape(-1)))
+        assert update_norms({"layer": u}) == {"layer": expected}
