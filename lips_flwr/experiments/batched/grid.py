@@ -34,8 +34,8 @@ its clients are then trained one after another whatever the engine.
 ``start(timeout=...)``) returns the replies that come in time, as Flower's
 Grid does; a node that does not answer is left out of the round, with a
 WARNING. Since the sequential engine runs one call after another, each call
-gets the whole ``timeout`` from its own start (in a thread of its own, so
-that it can be abandoned); on the stacked engine a client's time is the time
+gets the whole ``timeout`` from its own start (in a thread that can be
+abandoned, one per delivery: :class:`.calls.CallsInTurn`); on the stacked engine a client's time is the time
 it runs its own Python (:mod:`.rendezvous`). An abandoned call runs on, and
 its reply is discarded; its node is left out of every delivery until the
 call ends. ``pull_messages`` answers every pending message, with no time

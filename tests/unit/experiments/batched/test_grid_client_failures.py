@@ -264,7 +264,7 @@ def _wait_until(condition, seconds: float = 30.0) -> None:
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize("timeout", [None, 30.0])
 def test_a_call_with_a_deadline_computes_with_the_callers_engine(timeout):
-    # A call with a deadline runs in a thread of its own (ThreadCall), which started with an empty
+    # A call with a deadline runs in another thread (CallsInTurn), which starts with an empty
     # context: the engine of the caller's computing_with was lost there (the benchmarks' timed
     # engine timed nothing: "client compute 0.000").
     engine, seen = object(), []  # a stand-in engine: only its identity is looked at
