@@ -108,15 +108,15 @@ def make_fedbn_mod(local: Sequence[str] | None = None):
     """
     told_nothing_to_keep = False
     # The local names of a model's names (every message of a run has the same ones), found once.
-    found: dict[tuple[str, ...], tuple[str, ...]] = {}
+    known: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def local_names(arrays) -> tuple[str, ...]:
         key = tuple(arrays)
-        names = found.get(key)
+        names = known.get(key)
         if names is None:
-            if len(found) >= 64:  # (a stream of ever other models: start over)
-                found.clear()
-            names = found[key] = tuple(names_in(arrays))
+            if len(known) >= 64:  # (a stream of ever other models: start over)
+                known.clear()
+            names = known[key] = tuple(names_in(arrays))
         return names
 
     def names_in(arrays) -> list[str]:

@@ -126,10 +126,10 @@ def _stat(path: Path) -> os.stat_result | None:
     ``is_file()``. Other OS errors (no search permission) propagate."""
     try:
         return path.stat()
-    except OSError as err:
-        if err.errno in _NOTHING_THERE:
-            return None
-        raise
+    except (OSError, ValueError) as err:  # (ValueError: a path no OS call takes)
+        if isinstance(err, OSError) and err.errno not in _NOTHING_THERE:
+            raise
+        return None
 
 
 def _not_a_file(path: Path, info: os.stat_result | None) -> bool:

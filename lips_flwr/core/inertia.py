@@ -31,7 +31,7 @@ def update_norms(updates: Mapping[str, np.ndarray]) -> dict[str, float]:
     """
     norms = {}
     for name, update in updates.items():
-        flat = np.asarray(update, dtype=np.float64).reshape(-1)
+        flat = np.ascontiguousarray(update, dtype=np.float64).reshape(-1)  # (norm's order of terms)
         norms[name] = float(np.sqrt(flat.dot(flat)))
     return norms
 

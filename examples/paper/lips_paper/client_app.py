@@ -164,9 +164,8 @@ def load_received(net: torch.nn.Module, record: ArrayRecord) -> None:
                 targets[name].copy_(torch.from_numpy(np.array(array)))
 
 
-# Per model: (tensor, its data pointer, a writable numpy view of it) by name, for its CPU tensors.
-_cpu_views: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple[torch.Tensor, int, np.ndarray]]] = (
-    weakref.WeakKeyDictionary())
+# Per model and name: (its tensor, where and how it lies, a writable numpy view of it or None).
+_cpu_views: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, tuple]] = weakref.WeakKeyDictionary()
 _cpu_views_lock = threading.Lock()
 
 
@@ -174,10 +173,11 @@ def cpu_views(net: torch.nn.Module, targets: dict[str, torch.Tensor]) -> dict[st
     """Writable numpy views of ``net``'s CPU tensors (``targets``: its ``state_dict(keep_vars=True)``).
 
     Made once per tensor and kept while ``net`` lives; made again for a
-    tensor that is another object, or over other memory (``param.data = ...``),
-    than when it was made. Training changes the tensors in place (the
-    optimizer's step, batch norm's statistics, the stacked engine's
-    ``copy_``), so a view stays the tensor's.
+    tensor that is another object, or lies elsewhere or otherwise (data
+    pointer, shape, strides, dtype: ``param.data = ...``), than when it was
+    made. Training changes the tensors in place (the optimizer's step, batch
+    norm's statistics, the stacked engine's ``copy_``), so a view stays the
+    tensor's. A tensor numpy cannot view (bfloat16) has none.
     """
     with _cpu_views_lock:
         known = _cpu_views.setdefault(net, {})
@@ -185,10 +185,16 @@ def cpu_views(net: torch.nn.Module, targets: dict[str, torch.Tensor]) -> dict[st
     for name, tensor in targets.items():
         if not tensor.is_cpu:
             continue
+        layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
         entry = known.get(name)
-        if entry is None or entry[0] is not tensor or entry[1] != tensor.data_ptr():
-            entry = known[name] = (tensor, tensor.data_ptr(), tensor.detach().numpy())
-        views[name] = entry[2]
+        if entry is None or entry[0] is not tensor or entry[1] != layout:
+            try:
+                view = tensor.detach().numpy()
+            except TypeError:  # (a dtype numpy lacks: loaded by copy_)
+                view = None
+            entry = known[name] = (tensor, layout, view)
+        if entry[2] is not None:
+            views[name] = entry[2]
     return views
 
 

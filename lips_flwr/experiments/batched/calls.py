@@ -166,7 +166,8 @@ class CallsInTurn(Generic[T]):
         self._context = contextvars.copy_context()  # (the caller's: a new thread starts with an empty one)
         self._turn = threading.Condition()  # guards what follows
         self._next = 0  # the call running, or the next to run
-        self._started = 0.0  # when the running call started (time.monotonic)
+        self._running = False  # whether call _next runs (from _started on): only a running call is abandoned
+        self._started = 0.0  # when it started (time.monotonic)
         self._results: list[T | None] = [None] * len(calls)
         self._error: BaseException | None = None
         self._over = False  # every call done, or one raised, or the caller stopped waiting
@@ -181,6 +182,9 @@ class CallsInTurn(Generic[T]):
             worker = self._start()
             try:
                 while not self._over:
+                    if not self._running:  # a new thread not yet in its first call: it says when it is
+                        self._turn.wait()
+                        continue
                     left = self._started + self._timeout - time.monotonic()
                     if left > 0:
                         self._turn.wait(left)
@@ -199,23 +203,16 @@ class CallsInTurn(Generic[T]):
 
     def _start(self) -> _Worker:
         """A new thread for the calls from ``_next`` on (called under the lock)."""
-        worker = _Worker()
-        self._started = time.monotonic()  # (the first call's start, to within the thread's)
+        worker, self._running = _Worker(), False
         worker.thread = threading.Thread(target=self._work, args=(worker,), name=self._name(self._next),
                                          daemon=True)
         worker.thread.start()
         return worker
 
     def _work(self, worker: _Worker) -> None:
-        while True:
-            with self._turn:
-                if worker.abandoned or self._over:
-                    return
-                if self._next == len(self._calls):
-                    self._over = True
-                    self._turn.notify()
-                    return
-                index, self._started = self._next, time.monotonic()
+        with self._turn:
+            index = self._take(worker)
+        while index is not None:
             try:
                 result = self._context.copy().run(self._calls[index])
             except BaseException as err:  # noqa: BLE001 - raised by run(), in the caller's thread
@@ -227,8 +224,22 @@ class CallsInTurn(Generic[T]):
             with self._turn:
                 if worker.abandoned:  # past its deadline: what it returned is discarded
                     return
-                self._results[index] = result
-                self._next, self._started = index + 1, time.monotonic()  # (the next call's deadline at once)
+                self._results[index], self._next = result, index + 1
+                index = self._take(worker)  # (in the same turn: no moment without a running call)
+
+    def _take(self, worker: _Worker) -> int | None:
+        """The call ``worker`` runs next, running from now on, or ``None`` (called under the lock)."""
+        if worker.abandoned or self._over:
+            return None
+        if self._next == len(self._calls):
+            self._over = True
+            self._turn.notify()
+            return None
+        if not self._running:  # (a thread's first call: the caller waits for it to start)
+            self._running = True
+            self._turn.notify()
+        self._started = time.monotonic()
+        return self._next
 
 
 class _Worker:

@@ -78,6 +78,6 @@ def test_update_norms():
 def test_update_norms_are_np_linalg_norm_bit_for_bit(dtype, shape):
     rng = np.random.default_rng(7)
     update = (rng.normal(size=shape) * 1e-3).astype(dtype)
-    for u in (update, np.asfortranarray(update)):
+    for u in (update, np.asfortranarray(update), np.repeat(update.reshape(-1), 2)[::2]):  # (strided too)
         expected = float(np.linalg.norm(np.asarray(u, dtype=np.float64).reshape(-1)))
         assert update_norms({"layer": u}) == {"layer": expected}

@@ -91,3 +91,16 @@ def test_a_model_loaded_again_after_its_tensors_were_replaced_gets_the_new_ones_
     for n, tensor in net.state_dict().items():
         assert tensor.numpy().tobytes() == state[n].tobytes(), n
     assert all(p.requires_grad for p in net.parameters())
+
+
+def test_a_tensor_given_another_layout_in_the_same_memory_or_a_dtype_numpy_lacks_is_loaded_as_copy_does():
+    net = build_model("fashion-cnn", 10, 1)
+    load_received(net, numpy_to_record(received(1)))
+    weight = net.get_parameter("conv2.0.weight")
+    weight.data = weight.data.transpose(0, 1)  # the same memory, other strides (a 16 x 16 x 3 x 3 kernel)
+    bn = net.get_submodule("conv1.1")
+    bn.running_var = bn.running_var.to(torch.bfloat16)  # numpy has no bfloat16: copy_ loads it
+    state = received(2)
+    load_received(net, numpy_to_record(state))
+    assert torch.equal(net.get_parameter("conv2.0.weight"), torch.from_numpy(state["conv2.0.weight"]))
+    assert torch.equal(bn.running_var, torch.from_numpy(state["conv1.1.running_var"]).to(torch.bfloat16))

@@ -110,3 +110,27 @@ def test_each_call_runs_in_its_own_copy_of_the_callers_context():
 
 def test_no_calls():
     assert CallsInTurn([], 1.0, _names).run(lambda *a: None) == []
+
+
+def test_no_call_is_abandoned_before_it_starts_even_with_no_time_at_all():
+    # A call past its deadline is abandoned only once it runs: with timeout 0 each call starts (in a
+    # thread of its own, each abandoned at once) and none is skipped.
+    ran, release = [], threading.Event()
+
+    def call(i):
+        def run():
+            ran.append(i)
+            release.wait(10)
+            return i
+        return run
+
+    abandoned = []
+    try:
+        results = CallsInTurn([call(i) for i in range(4)], 0.0, _names).run(
+            lambda index, thread: abandoned.append((index, thread)))
+    finally:
+        release.set()
+    assert results == [None] * 4 and [index for index, _ in abandoned] == [0, 1, 2, 3]
+    for _, thread in abandoned:
+        thread.join(10)
+    assert sorted(ran) == [0, 1, 2, 3]
