@@ -35,11 +35,12 @@ its clients are then trained one after another whatever the engine.
 Grid does; a node that does not answer is left out of the round, with a
 WARNING. Since the sequential engine runs one call after another, each call
 gets the whole ``timeout`` from its own start (in a thread that can be
-abandoned, one per delivery: :class:`.calls.CallsInTurn`); on the stacked engine a client's time is the time
-it runs its own Python (:mod:`.rendezvous`). An abandoned call runs on, and
-its reply is discarded; its node is left out of every delivery until the
-call ends. ``pull_messages`` answers every pending message, with no time
-limit, before it returns.
+abandoned, one per delivery: :class:`.calls.CallsInTurn`); on the stacked
+engine a client's time is the time it runs its own Python
+(:mod:`.rendezvous`). An abandoned call runs on, and its reply is discarded;
+its node is left out of every delivery until the call ends.
+``pull_messages`` answers every pending message, with no time limit, before
+it returns.
 
 ``seed`` makes a run reproducible for an app that never seeds: the
 ServerApp starts with the process-wide generators (``random``, numpy's,
