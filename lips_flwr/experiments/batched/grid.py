@@ -302,7 +302,8 @@ class BatchedGrid(Grid):
         start = time.perf_counter()
         # The clients' state files are written behind the calls; the wait for them counts as the clients'
         # time and is bounded as a call is (TimeoutError: a stuck disk stops the run rather than hang it).
-        with saves_behind(timeout):
+        # With a seed, the ServerApp's generators are kept across the delivery (each call seeds them first).
+        with saves_behind(timeout), self._kept():
             if self.engine == "sequential":
                 answered = self._run_sequential(callable_now, seeds, timeout)
             else:
@@ -317,32 +318,30 @@ class BatchedGrid(Grid):
             self._replies[msg.metadata.message_id] = reply
 
     def _kept(self) -> contextlib.AbstractContextManager:
-        """With a seed, the caller's (the ServerApp's) generators are kept across client calls."""
+        """With a seed, the caller's (the ServerApp's) generators are kept across a delivery's calls."""
         return globals_kept() if self.seed is not None else contextlib.nullcontext()
 
     def _run_sequential(self, calls: list[Message], seeds: list[int | None],
                         timeout: float | None) -> Answered:
         """One call after another, each with the whole ``timeout`` from its own start
         (:class:`.calls.CallsInTurn`: in one thread, and a new one after a call it abandons)."""
-        with self._kept():  # (each call seeds the generators first: kept across the delivery, as stacked)
-            if timeout is None:  # nothing to abandon: in this thread, each call in a copy of its context
-                return [(msg, contextvars.copy_context().run(self._call_client, msg, seed))
-                        for msg, seed in zip(calls, seeds)]
-            in_turn = CallsInTurn([functools.partial(self._call_client, msg, seed)
-                                   for msg, seed in zip(calls, seeds)],
-                                  timeout, name=lambda index: f"node {calls[index].metadata.dst_node_id}")
-            replies = in_turn.run(on_abandoned=lambda index, thread: self._left_out(
-                calls[index].metadata.dst_node_id, thread, timeout))
+        if timeout is None:  # nothing to abandon: in this thread, each call in a copy of its context
+            return [(msg, contextvars.copy_context().run(self._call_client, msg, seed))
+                    for msg, seed in zip(calls, seeds)]
+        in_turn = CallsInTurn([functools.partial(self._call_client, msg, seed)
+                               for msg, seed in zip(calls, seeds)],
+                              timeout, name=lambda index: f"node {calls[index].metadata.dst_node_id}")
+        replies = in_turn.run(on_abandoned=lambda index, thread: self._left_out(
+            calls[index].metadata.dst_node_id, thread, timeout))
         return [(msg, reply) for msg, reply in zip(calls, replies) if reply is not None]
 
     def _run_stacked(self, calls: list[Message], seeds: list[int | None], timeout: float | None) -> Answered:
         """Every call in its own thread, their training calls gathered (:mod:`.rendezvous`)."""
         rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
                                 keep_generators=self.seed is not None, on_split=self._report_split)
-        with self._kept():
-            replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
-                                      for msg, seed in zip(calls, seeds)], timeout=timeout,
-                                     names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
+        replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
+                                  for msg, seed in zip(calls, seeds)], timeout=timeout,
+                                 names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
         self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
         self.stacked_calls += rendezvous.stacked
         self.one_by_one_calls += rendezvous.one_by_one
