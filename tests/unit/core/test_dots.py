@@ -1,0 +1,60 @@
+"""Dot products and norms without a BLAS thread (lips_flwr.core.dots)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lips_flwr.core import dots
+from lips_flwr.core.dots import CHUNK, dot, norm
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", [0, 1, 7, CHUNK])
+def test_up_to_a_chunk_it_is_np_dot_bit_for_bit(dtype, size):
+    x = np.random.default_rng(size).normal(size=size).astype(dtype)
+    y = np.random.default_rng(size + 1).normal(size=size).astype(dtype)
+    assert dot(x, y) == float(np.dot(x, y)) and type(dot(x, y)) is float
+    assert norm(x) == float(np.linalg.norm(x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("size", [CHUNK + 1, 2 * CHUNK, 18_432, 1_000_003])
+def test_beyond_a_chunk_blas_is_called_with_a_chunk_at_most_and_the_parts_are_summed_in_order(size, monkeypatch):
+    x = np.random.default_rng(size).normal(size=size)
+    y = np.random.default_rng(size + 1).normal(size=size)
+    expected = 0.0
+    for start in range(0, size, CHUNK):
+        expected += float(np.dot(x[start:start + CHUNK], y[start:start + CHUNK]))
+    sizes = []
+    blas_dot = np.dot
+
+    def recorded(a, b):
+        sizes.append(a.shape[0])
+        return blas_dot(a, b)
+
+    monkeypatch.setattr(dots.np, "dot", recorded)  # (numpy's module: restored after the test)
+    assert dot(x, y) == expected
+    assert max(sizes) <= CHUNK and sum(sizes) == size
+    assert expected == pytest.approx(float(blas_dot(x, y)), rel=1e-12)
+
+
+def test_a_norm_flattens_in_c_order_in_float64_and_matches_numpy_to_rounding():
+    a = np.random.default_rng(3).normal(size=(64, 32, 3, 3)).astype(np.float32)
+    for u in (a, np.asfortranarray(a), a[:, ::2]):
+        flat = np.asarray(u, dtype=np.float64).reshape(-1)
+        assert norm(u) == math.sqrt(dot(flat, flat))
+        assert norm(u) == pytest.approx(float(np.linalg.norm(flat)), rel=1e-14)
+
+
+def test_overflow_nan_and_inf_come_through_as_np_dot_gives_them():
+    big = np.full(3 * CHUNK, 1e200)
+    assert dot(big, big) == math.inf
+    for bad in (math.nan, math.inf):
+        x = np.zeros(3 * CHUNK)
+        x[-1] = bad
+        with np.errstate(invalid="ignore"):
+            assert not math.isfinite(dot(x, x))
+    with np.errstate(invalid="ignore"):
+        assert math.isnan(dot(np.array([math.inf]), np.array([0.0])))
