@@ -26,6 +26,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -85,15 +86,27 @@ def client_tensors(dataset: str, path: str, pid: int, samples: int, test_samples
     return train, val, (prep(xt), label(yt))
 
 
+class Lent(NamedTuple):
+    """A model lent for one call, with its tensors by name (``state_dict(keep_vars=True)``) and its
+    parameters, found once when the model was built: the paper app changes a model's tensors only
+    in place (training, batch norm's statistics, :func:`load_received`, the stacked engine's
+    ``copy_``), never gives it others, so they stay the model's (torch's ``state_dict`` walks every
+    module again, a tenth of a millisecond a call)."""
+
+    net: torch.nn.Module
+    state: dict[str, torch.Tensor]
+    params: list[torch.nn.Parameter]
+
+
 # Spare models per (architecture, device): never more than were borrowed at once (one in a Ray
 # worker or on the sequential engine, a round's clients on the stacked engine, whose models
 # exist together during its calls anyway).
-_spare: dict[tuple, list[torch.nn.Module]] = {}
+_spare: dict[tuple, list[Lent]] = {}
 _spare_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def borrowed_model(model: str, num_classes: int, channels: int, device: torch.device) -> Iterator[torch.nn.Module]:
+def borrowed_model(model: str, num_classes: int, channels: int, device: torch.device) -> Iterator[Lent]:
     """A model of this architecture on ``device`` for one call, whose whole state the caller overwrites.
 
     A spare one when there is, else a new one; it goes back to the spares,
@@ -103,18 +116,20 @@ def borrowed_model(model: str, num_classes: int, channels: int, device: torch.de
     key = (model, num_classes, channels, str(device))
     with _spare_lock:
         spares = _spare.setdefault(key, [])
-        net = spares.pop() if spares else None
-    if net is None:
+        lent = spares.pop() if spares else None
+    if lent is None:
         net = build_model(model, num_classes, channels).to(device)
-    yield net
-    net.zero_grad(set_to_none=True)  # (memory a spare does not need)
+        lent = Lent(net, net.state_dict(keep_vars=True), list(net.parameters()))
+    yield lent
+    for param in lent.params:  # (what net.zero_grad(set_to_none=True) does: memory a spare does not need)
+        param.grad = None
     with _spare_lock:
-        spares.append(net)
+        spares.append(lent)
 
 
 @contextlib.contextmanager
 def setup(msg: Message, context: Context):
-    """``(run config, partition id, model with the received state, this client's data)`` for one call."""
+    """``(run config, partition id, lent model with the received state, this client's data)`` for one call."""
     cfg = context.run_config
     device = device_of(cfg)
     pid = int(context.node_config["partition-id"])
@@ -123,13 +138,17 @@ def setup(msg: Message, context: Context):
                              float(cfg["alpha"]), int(cfg["seed"]), str(device),
                              float(cfg["val-fraction"]))
     num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
-    with borrowed_model(str(cfg["model"]), num_classes, channels, device) as net:
-        load_received(net, msg.content["arrays"])
-        yield cfg, pid, net, tensors
+    with borrowed_model(str(cfg["model"]), num_classes, channels, device) as lent:
+        load_received(lent.net, msg.content["arrays"], lent.state)
+        yield cfg, pid, lent, tensors
 
 
-def load_received(net: torch.nn.Module, record: ArrayRecord) -> None:
+def load_received(net: torch.nn.Module, record: ArrayRecord,
+                  targets: dict[str, torch.Tensor] | None = None) -> None:
     """Every parameter and buffer of ``net`` set to the received array of its name.
+
+    ``targets``: ``net``'s ``state_dict(keep_vars=True)`` when the caller
+    knows it (a :class:`Lent` model's ``state``); else it is asked of ``net``.
 
     What ``net.load_state_dict(state)`` does for the paper's models (plain
     convolution, linear and batch-norm layers: no load hooks, no loading of
@@ -147,7 +166,8 @@ def load_received(net: torch.nn.Module, record: ArrayRecord) -> None:
     every ``.npy`` header as a Python literal.)
     """
     arrays = record_views(record)
-    targets = net.state_dict(keep_vars=True)
+    if targets is None:
+        targets = net.state_dict(keep_vars=True)
     missing, unexpected = sorted(targets.keys() - arrays.keys()), sorted(arrays.keys() - targets.keys())
     misshapen = [f"{name} {tuple(array.shape)} for {tuple(targets[name].shape)}"
                  for name, array in arrays.items() if name in targets and array.shape != targets[name].shape]
@@ -241,7 +261,8 @@ def accuracies(net, val, test, when: str) -> dict:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    with setup(msg, context) as (cfg, pid, net, (train_set, val, test)):
+    with setup(msg, context) as (cfg, pid, lent, (train_set, val, test)):
+        net = lent.net
         algo = algorithm(str(cfg["algorithm"]))
         rnd = int(msg.content["config"]["server-round"])
         middle = list(middle_layers(str(cfg["model"]), *DATASET_INFO[str(cfg["dataset"])]))
@@ -267,15 +288,15 @@ def train(msg: Message, context: Context) -> Message:
         if msg.content["config"].get("eval-before", True):  # the ServerApp asks only where it records it
             metrics.update(accuracies(net, val, test, "before"))
         # Serialized (copied) here, before the model goes back for another call.
-        arrays = numpy_to_record({k: v.numpy(force=True) for k, v in net.state_dict(keep_vars=True).items()})
+        arrays = numpy_to_record({k: v.numpy(force=True) for k, v in lent.state.items()})
     release(train_set[0].device.type)
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    with setup(msg, context) as (_, pid, net, (_, val, test)):
-        metrics = {**accuracies(net, val, test, "after"), "num-examples": int(test[1].shape[0]),
+    with setup(msg, context) as (_, pid, lent, (_, val, test)):
+        metrics = {**accuracies(lent.net, val, test, "after"), "num-examples": int(test[1].shape[0]),
                    "partition-id": pid}
     release(test[0].device.type)
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
