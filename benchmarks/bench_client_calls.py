@@ -20,7 +20,8 @@ runs' code is imported from there, the timing from this file.
 Reported: the medians of overhead per call (ms), over all rounds and over
 rounds 2..R (round 1 also builds each client's data, once a process: a sweep
 of 200 rounds spreads that over all of them), compute per call and server
-step per round, and the median of the per-repetition ratios after / before.
+step per round, the process's CPU time (user and system, all its threads) per
+call, and the median of the per-repetition ratios after / before.
 """
 
 from __future__ import annotations
@@ -94,11 +95,11 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
 
     BatchedGrid._deliver = timed_deliver
     with training.computing_with(Timed()):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), os.times()
         config = resolve_run_config(load_app(Path.cwd() / "examples" / "paper"), conf)
         grid = run_batched(server_app, client_app, run_config=config, num_nodes=nodes,
                            engine=engine)
-        wall = time.perf_counter() - start
+        wall, cpu_end = time.perf_counter() - start, os.times()
     import lips_flwr
 
     calls = 2 * nodes * rounds  # a train and an evaluate call per client and round
@@ -106,7 +107,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
             "overhead_ms": (grid.client_seconds - compute[0]) / calls * 1e3,
             "later_overhead_ms": later_overhead_ms(by_round),
             "compute_ms": compute[0] / calls * 1e3,
-            "server_ms": (wall - grid.client_seconds) / rounds * 1e3}
+            "server_ms": (wall - grid.client_seconds) / rounds * 1e3,
+            "cpu_ms": (cpu_end.user + cpu_end.system - cpu.user - cpu.system) / calls * 1e3}
 
 
 def later_overhead_ms(by_round: dict[int, list[float]]) -> float:
@@ -165,7 +167,8 @@ def main() -> None:
     for key, label in (("overhead_ms", "client overhead per call"),
                        ("later_overhead_ms", "client overhead per call, rounds 2..R"),
                        ("compute_ms", "client compute per call"),
-                       ("server_ms", "server step per round")):
+                       ("server_ms", "server step per round"),
+                       ("cpu_ms", "process CPU time per call (all threads)")):
         b, a = [r[key] for r in results["before"]], [r[key] for r in results["after"]]
         print(f"| {label} | {median(b):.2f} ms | {median(a):.2f} ms | {paired_ratio(a, b):.3f} |")
 
