@@ -43,7 +43,7 @@ def as_npy_array(array: Array) -> Array:
     order or another header, without bytes past the array's end). To keep a record's Array."""
     if array.stype != NUMPY_SERIALIZATION:
         return array_of(array_view(array))
-    view = read_npy(array.data)
+    view = array_view(array)
     same_fields = array.dtype == _dtype_name(view.dtype) and tuple(array.shape) == view.shape
     return array if same_fields and is_npy_bytes(array.data, view) else array_of(view)
 
@@ -53,10 +53,74 @@ def array_view(array: Array) -> np.ndarray:
 
     The ``.npy`` header is parsed once per distinct header
     (:func:`lips_flwr._npy.read_npy`); ``Array.numpy()`` parses each one as a
-    Python literal, which is most of a small model's conversion time. Other
+    Python literal, which is most of a small model's conversion time. A
+    :class:`ViewedArray` gives the view it parsed already. Other
     serializations go through ``Array.numpy()`` (which refuses them).
     """
+    if isinstance(array, ViewedArray):
+        return array.view()
     return read_npy(array.data) if array.stype == NUMPY_SERIALIZATION else array.numpy()
+
+
+class ViewedArray(Array):
+    """An ``Array`` whose bytes are parsed once: equal to, and deflated as, a Flower ``Array`` of the
+    same fields.
+
+    :meth:`view` parses the ``.npy`` bytes (:func:`lips_flwr._npy.read_npy`)
+    the first time and keeps the read-only view while ``data`` is the same
+    bytes object; a copy made after that (:meth:`copy_of`) shares it, so the
+    batched Grid parses a broadcast model once for all the clients of a
+    delivery, not in each client's every reader (restore, LIPS, the app).
+    :meth:`numpy` is ``Array.numpy()``: a new, writable array of the values.
+    Pickling drops the view (the bytes are pickled, as an ``Array``'s).
+    ``isinstance(a, Array)`` holds and it equals an ``Array`` of its fields, so
+    strategies and apps see Flower's records.
+    """
+
+    def view(self) -> np.ndarray:
+        """A read-only view of the values, parsed once per bytes object; ``ValueError`` for bytes that
+        are not a ``.npy`` array, Flower's ``TypeError`` for another serialization."""
+        parsed = self.__dict__.get("_parsed")
+        if parsed is None or parsed[0] is not self.data:  # (a mod may give its own copy other bytes)
+            if self.stype != NUMPY_SERIALIZATION:
+                return super().numpy()  # Flower's own TypeError
+            parsed = self.__dict__["_parsed"] = (self.data, read_npy(self.data))
+        return parsed[1]
+
+    def numpy(self) -> np.ndarray:
+        """``Array.numpy()``: a new, writable ndarray of the array's values.
+
+        For ``.npy`` bytes of an array, what ``np.load`` gives; other bytes
+        raise ``ValueError`` (``np.load`` reads an ``.npz`` archive too, and
+        words its errors otherwise).
+        """
+        return np.array(self.view())  # (order "K": a Fortran-order array stays so, as np.load's)
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass's __eq__ wants the same class: an Array of the same fields is equal.
+        if not isinstance(other, Array):
+            return NotImplemented
+        return (self.dtype, self.shape, self.stype, self.data) == (other.dtype, other.shape, other.stype,
+                                                                   other.data)
+
+    __hash__ = None  # type: ignore[assignment]  # (as Array's: a mutable dataclass)
+
+    def __getstate__(self) -> dict:
+        return {name: value for name, value in self.__dict__.items() if name != "_parsed"}
+
+    @classmethod
+    def copy_of(cls, array: Array) -> ViewedArray:
+        """A shallow copy of ``array`` as a ViewedArray: its attributes, as ``copy.copy`` copies them
+        (its fields, over the same bytes, and a view a ViewedArray parsed; Flower's constructor would
+        cost ~3x as much)."""
+        viewed = cls.__new__(cls)
+        viewed.__dict__.update(vars(array))
+        return viewed
+
+    def deflate(self) -> bytes:
+        """Flower's wire form of an ``Array`` of these fields (its header names the class ``Array``, which
+        Flower's inflation knows), so its ``object_id`` is that ``Array``'s too."""
+        return Array(dtype=self.dtype, shape=tuple(self.shape), stype=self.stype, data=self.data).deflate()
 
 
 def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Flower ``Array``s read without parsing their ``.npy`` header on every ``numpy()`` call.
+"""The batched Grid's copies of a message's Arrays: each client its own, each broadcast parsed once.
 
 Inside one process a model still goes to each client and back as Flower's
 ``Array``s: ``np.save`` bytes, read again by ``Array.numpy()`` (``np.load``)
@@ -6,72 +6,55 @@ wherever Flower's code or an app wants an ndarray. ``np.load`` parses every
 header as a Python literal (~20-40 us an array): for 100 replies of a
 56-array model that is most of Flower's FedAvg step (0.33 s against 0.14 s
 with the header parsed once, on the development machine), and each client
-pays it again for the model it receives.
+pays it again for the model it receives, in each of its readers (FedBN's
+restore, LIPS, the app's load).
 
-:class:`ViewedArray` is an ``Array`` whose ``numpy()`` reads the bytes
-through :func:`lips_flwr._npy.read_npy` (the header parsed once per distinct
-header) and returns a copy: the same values, dtype, shape and memory order as
-``Array.numpy()``, writable and the caller's own. In the batched Grid, each
-client's copy of an instruction and each reply hold ViewedArrays
-(:func:`viewed_record`: shallow copies over the same bytes);
-``isinstance(a, Array)`` holds, a ViewedArray equals and deflates as an
-``Array`` of its fields, so strategies and apps see Flower's records.
+Here each client's copy of an instruction and each reply hold
+:class:`~lips_flwr._records.ViewedArray`\\ s (:func:`viewed_record`:
+shallow copies over the same bytes), which parse their bytes once and keep
+the view. With ``shared`` (one dict for a delivery's calls), the copies of
+one broadcast Array are made from one template whose bytes were parsed
+first, so that the clients share its view. ``isinstance(a, Array)`` holds,
+a ViewedArray equals and deflates as an ``Array`` of its fields, so
+strategies and apps see Flower's records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from ..._npy import NUMPY_SERIALIZATION, read_npy
-from ..._records import record_of
+from ..._records import ViewedArray, record_of
+
+# id of a broadcast Array -> (that Array, its parsed template), for one delivery's calls.
+Shared = dict[int, tuple[Array, ViewedArray]]
 
 
-class ViewedArray(Array):
-    """An ``Array`` whose :meth:`numpy` parses its ``.npy`` header once per distinct header; equal to,
-    and deflated as, a Flower ``Array`` of the same fields."""
-
-    def numpy(self) -> np.ndarray:
-        """``Array.numpy()``: a new, writable ndarray of the array's values.
-
-        For ``.npy`` bytes of an array, what ``np.load`` gives; other bytes
-        raise ``ValueError`` (``np.load`` reads an ``.npz`` archive too, and
-        words its errors otherwise).
-        """
-        if self.stype != NUMPY_SERIALIZATION:
-            return super().numpy()  # Flower's own TypeError
-        return np.array(read_npy(self.data))  # (order "K": a Fortran-order array stays so, as np.load's)
-
-    def __eq__(self, other: object) -> bool:
-        # The dataclass's __eq__ wants the same class: an Array of the same fields is equal.
-        if not isinstance(other, Array):
-            return NotImplemented
-        return (self.dtype, self.shape, self.stype, self.data) == (other.dtype, other.shape, other.stype,
-                                                                   other.data)
-
-    __hash__ = None  # type: ignore[assignment]  # (as Array's: a mutable dataclass)
-
-    @classmethod
-    def copy_of(cls, array: Array) -> ViewedArray:
-        """A shallow copy of ``array`` as a ViewedArray: its attributes, as ``copy.copy`` copies them
-        (its fields, over the same bytes; Flower's constructor would cost ~3x as much)."""
-        viewed = cls.__new__(cls)
-        viewed.__dict__.update(vars(array))
-        return viewed
-
-    def deflate(self) -> bytes:
-        """Flower's wire form of an ``Array`` of these fields (its header names the class ``Array``, which
-        Flower's inflation knows), so its ``object_id`` is that ``Array``'s too."""
-        return Array(dtype=self.dtype, shape=tuple(self.shape), stype=self.stype, data=self.data).deflate()
-
-
-def viewed_record(record: ArrayRecord) -> ArrayRecord:
+def viewed_record(record: ArrayRecord, shared: Shared | None = None) -> ArrayRecord:
     """A new ArrayRecord of shallow copies of ``record``'s Arrays (their fields, over the same bytes):
-    :class:`ViewedArray` copies of plain ``Array``s, ``copy.copy`` of any subclass's."""
-    return record_of({name: ViewedArray.copy_of(array) if type(array) is Array else copy.copy(array)
-                      for name, array in record.items()})
+    :class:`ViewedArray` copies of ``Array``s and ViewedArrays, ``copy.copy`` of any other subclass's.
+
+    With ``shared``, an Array's copies come from one template kept there,
+    whose bytes are parsed when it is made (bytes that do not parse are left
+    for the client's own reader to refuse, in its call).
+    """
+    return record_of({name: _viewed(array, shared) for name, array in record.items()})
+
+
+def _viewed(array: Array, shared: Shared | None) -> Array:
+    if type(array) is not Array and type(array) is not ViewedArray:
+        return copy.copy(array)
+    if shared is None:
+        return ViewedArray.copy_of(array)
+    entry = shared.get(id(array))
+    if entry is None or entry[0] is not array:  # (an id is unique only while its object lives)
+        template = ViewedArray.copy_of(array)
+        with contextlib.suppress(ValueError, TypeError):  # (each copy then parses again and raises in
+            template.view()                               # its client's call, as Array.numpy() would)
+        entry = shared[id(array)] = (array, template)
+    return ViewedArray.copy_of(entry[1])
 
 
 def view_records(content: RecordDict) -> None:
@@ -82,4 +65,4 @@ def view_records(content: RecordDict) -> None:
             content[name] = viewed_record(record)
 
 
-__all__ = ["ViewedArray", "view_records", "viewed_record"]
+__all__ = ["Shared", "ViewedArray", "view_records", "viewed_record"]

@@ -36,7 +36,7 @@ from typing import Generic, TypeVar
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from lips_flwr.experiments.batched.arrays import viewed_record
+from lips_flwr.experiments.batched.arrays import Shared, viewed_record
 
 T = TypeVar("T")
 
@@ -70,19 +70,20 @@ def nodes_awaited(frame: FrameType | None) -> int | None:
     return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else None
 
 
-def received_copy(msg: Message) -> Message:
+def received_copy(msg: Message, shared: Shared | None = None) -> Message:
     """``msg`` as a node receives it: the same metadata, its own records.
 
     Flower sends every node the same ``RecordDict`` object; over the wire each
     client gets a copy, so a mod that edits its message in place (FedBN swaps
     arrays) must not reach the other clients' messages. Each client gets its
     own Array objects, shallow copies over the same (immutable) bytes that
-    read faster (:func:`.arrays.viewed_record`).
+    read faster, parsed once for the calls that share ``shared``
+    (:func:`.arrays.viewed_record`).
     """
     content = RecordDict()
     for name, record in msg.content.items():
         if isinstance(record, ArrayRecord):
-            content[name] = viewed_record(record)
+            content[name] = viewed_record(record, shared)
         elif isinstance(record, MetricRecord):
             content[name] = MetricRecord(dict(record.items()))
         elif isinstance(record, ConfigRecord):

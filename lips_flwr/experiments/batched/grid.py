@@ -86,7 +86,7 @@ from flwr.serverapp import Grid
 
 from lips_flwr.clients.persist import saves_behind
 from lips_flwr.errors import ConfigError
-from lips_flwr.experiments.batched.arrays import view_records
+from lips_flwr.experiments.batched.arrays import Shared, view_records
 from lips_flwr.experiments.batched.calls import (
     CallsInTurn,
     nodes_awaited,
@@ -272,13 +272,14 @@ class BatchedGrid(Grid):
         pid = int(self.contexts[node].node_config["partition-id"])
         return derive_seed(self.seed, 1 + pid, rnd, CALL_KINDS.get(base, 4))
 
-    def _call_client(self, msg: Message, seed: int | None = None) -> Message:
+    def _call_client(self, msg: Message, seed: int | None = None, shared: Shared | None = None) -> Message:
         """The node's ClientApp on its own copy of ``msg``: its reply, or an error reply (:mod:`.calls`).
 
-        With ``seed``, the process-wide generators are seeded with it first.
+        With ``seed``, the process-wide generators are seeded with it first;
+        with ``shared``, the delivery's parsed broadcast Arrays (:mod:`.arrays`).
         """
         context = self.contexts[msg.metadata.dst_node_id]
-        received = received_copy(msg)
+        received = received_copy(msg, shared)
         if seed is not None:
             seed_globals(seed)
         reply = reply_or_error(self.client_app, received, context)
@@ -325,10 +326,11 @@ class BatchedGrid(Grid):
                         timeout: float | None) -> Answered:
         """One call after another, each with the whole ``timeout`` from its own start
         (:class:`.calls.CallsInTurn`: in one thread, and a new one after a call it abandons)."""
+        shared: Shared = {}  # (the delivery's broadcast Arrays, parsed once for all its calls)
         if timeout is None:  # nothing to abandon: in this thread, each call in a copy of its context
-            return [(msg, contextvars.copy_context().run(self._call_client, msg, seed))
+            return [(msg, contextvars.copy_context().run(self._call_client, msg, seed, shared))
                     for msg, seed in zip(calls, seeds)]
-        in_turn = CallsInTurn([functools.partial(self._call_client, msg, seed)
+        in_turn = CallsInTurn([functools.partial(self._call_client, msg, seed, shared)
                                for msg, seed in zip(calls, seeds)],
                               timeout, name=lambda index: f"node {calls[index].metadata.dst_node_id}")
         replies = in_turn.run(on_abandoned=lambda index, thread: self._left_out(
@@ -339,7 +341,8 @@ class BatchedGrid(Grid):
         """Every call in its own thread, their training calls gathered (:mod:`.rendezvous`)."""
         rendezvous = Rendezvous(chunk_size=self.chunk_size, autocast=self.autocast,
                                 keep_generators=self.seed is not None, on_split=self._report_split)
-        replies = rendezvous.run([_bound(self._call_client, msg, seed, rendezvous)
+        shared: Shared = {}
+        replies = rendezvous.run([_bound(self._call_client, msg, seed, shared, rendezvous)
                                   for msg, seed in zip(calls, seeds)], timeout=timeout,
                                  names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
         self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
@@ -373,11 +376,11 @@ class BatchedGrid(Grid):
                 "run on their own, as the sequential engine runs them (logged once per run)", difference)
 
 
-def _bound(call: Callable[[Message, int | None], Message], msg: Message, seed: int | None,
-           engine) -> Callable[[], Message]:
+def _bound(call: Callable[[Message, int | None, Shared], Message], msg: Message, seed: int | None,
+           shared: Shared, engine) -> Callable[[], Message]:
     def client() -> Message:
         with computing_with(engine):
-            return call(msg, seed)  # (seeded here, in this client thread's own turn)
+            return call(msg, seed, shared)  # (seeded here, in this client thread's own turn)
     return client
 
 

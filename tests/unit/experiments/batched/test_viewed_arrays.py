@@ -125,3 +125,74 @@ def record_with(array: Array) -> ArrayRecord:
     record = ArrayRecord()
     record["x"] = array
     return record
+
+
+def test_a_viewed_array_parses_its_bytes_once_and_again_for_other_bytes():
+    from lips_flwr._records import array_view
+
+    array = viewed(np.arange(4, dtype=np.float32))
+    first = array.view()
+    assert array.view() is first and array_view(array) is first and not first.flags.writeable
+    copy = ViewedArray.copy_of(array)
+    assert copy.view() is first  # a copy made after the parse shares it
+    copy.data = Array(np.full(3, 5.0, np.float32)).data  # a mod gives its own copy other bytes
+    assert copy.view().tolist() == [5.0, 5.0, 5.0] and array.view() is first
+    assert array.numpy() is not first and array.numpy().flags.writeable
+
+
+def test_pickling_a_viewed_array_leaves_its_view_behind():
+    import pickle
+
+    array = viewed(np.arange(10_000, dtype=np.float32))
+    unparsed = len(pickle.dumps(array))
+    array.view()
+    back = pickle.loads(pickle.dumps(array))
+    assert len(pickle.dumps(array)) == unparsed  # (the bytes once, not their view as well)
+    assert back == array and "_parsed" not in vars(back) and np.array_equal(back.numpy(), array.numpy())
+
+
+def test_copies_of_a_broadcast_share_one_parse_in_a_delivery_and_bad_bytes_wait_for_the_client():
+    broadcast = Array(np.arange(6, dtype=np.float32))
+    bad = Array(dtype="float32", shape=(2,), stype="numpy.ndarray", data=b"not npy")
+    record = ArrayRecord()
+    record["w"], record["bad"] = broadcast, bad
+    shared: dict = {}
+    first, second = viewed_record(record, shared), viewed_record(record, shared)
+    assert first["w"] is not second["w"] and first["w"] is not broadcast and first["w"].data is broadcast.data
+    assert first["w"].view() is second["w"].view()  # parsed once, for both
+    assert viewed_record(record)["w"].view() is not first["w"].view()  # (without `shared`: its own parse)
+    with pytest.raises(ValueError):
+        second["bad"].numpy()  # in the client's own call, as Array.numpy() would
+    other = ArrayRecord()
+    other["w"] = Array(np.zeros(6, np.float32))
+    assert viewed_record(other, shared)["w"].view().tolist() == [0.0] * 6  # another Array: another parse
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_the_clients_of_a_delivery_read_one_parse_of_the_broadcast_model(engine):
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+
+    from lips_flwr._records import array_view
+    from lips_flwr.experiments.batched import BatchedGrid
+
+    seen = []
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        array = msg.content["arrays"]["w"]
+        seen.append((array, array_view(array), array_view(array).tolist()))  # (kept: ids stay unique)
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    grid = BatchedGrid(app, num_nodes=3, run_config={}, engine=engine)
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, 3.0, np.float32))}), "config": ConfigRecord()})
+    for _ in range(2):
+        list(grid.send_and_receive([Message(content, n, "train") for n in (1000, 1001, 1002)], timeout=30))
+    first, second = seen[:3], seen[3:]
+    assert len({id(array) for array, _, _ in first}) == 3  # each client its own Array object
+    assert len({id(view) for _, view, _ in first}) == 1  # one parse for the delivery's clients
+    assert all(values == [3.0, 3.0] for _, _, values in seen)
+    assert len({id(view) for _, view, _ in second}) == 1 and second[0][1] is not first[0][1]  # one a delivery
