@@ -87,15 +87,17 @@ def client_tensors(dataset: str, path: str, pid: int, samples: int, test_samples
 
 
 class Lent(NamedTuple):
-    """A model lent for one call, with its tensors by name (``state_dict(keep_vars=True)``) and its
-    parameters, found once when the model was built: the paper app changes a model's tensors only
-    in place (training, batch norm's statistics, :func:`load_received`, the stacked engine's
-    ``copy_``), never gives it others, so they stay the model's (torch's ``state_dict`` walks every
-    module again, a tenth of a millisecond a call)."""
+    """A model lent for one call, with its tensors by name (``state_dict(keep_vars=True)``), its
+    parameters and the numpy views of its CPU tensors (:func:`cpu_views`), found once when the model
+    was built: the paper app changes a model's tensors only in place (training, batch norm's
+    statistics, :func:`load_received`, the stacked engine's ``copy_``), never gives it others, so
+    they stay the model's (torch's ``state_dict`` walks every module again, a tenth of a
+    millisecond a call)."""
 
     net: torch.nn.Module
     state: dict[str, torch.Tensor]
     params: list[torch.nn.Parameter]
+    views: dict[str, np.ndarray]
 
 
 # Spare models per (architecture, device): never more than were borrowed at once (one in a Ray
@@ -119,7 +121,8 @@ def borrowed_model(model: str, num_classes: int, channels: int, device: torch.de
         lent = spares.pop() if spares else None
     if lent is None:
         net = build_model(model, num_classes, channels).to(device)
-        lent = Lent(net, net.state_dict(keep_vars=True), list(net.parameters()))
+        state = net.state_dict(keep_vars=True)
+        lent = Lent(net, state, list(net.parameters()), cpu_views(net, state))
     yield lent
     for param in lent.params:  # (what net.zero_grad(set_to_none=True) does: memory a spare does not need)
         param.grad = None
@@ -139,16 +142,17 @@ def setup(msg: Message, context: Context):
                              float(cfg["val-fraction"]))
     num_classes, channels = DATASET_INFO[str(cfg["dataset"])]
     with borrowed_model(str(cfg["model"]), num_classes, channels, device) as lent:
-        load_received(lent.net, msg.content["arrays"], lent.state)
+        load_received(lent.net, msg.content["arrays"], lent.state, lent.views)
         yield cfg, pid, lent, tensors
 
 
-def load_received(net: torch.nn.Module, record: ArrayRecord,
-                  targets: dict[str, torch.Tensor] | None = None) -> None:
+def load_received(net: torch.nn.Module, record: ArrayRecord, targets: dict[str, torch.Tensor] | None = None,
+                  views: dict[str, np.ndarray] | None = None) -> None:
     """Every parameter and buffer of ``net`` set to the received array of its name.
 
-    ``targets``: ``net``'s ``state_dict(keep_vars=True)`` when the caller
-    knows it (a :class:`Lent` model's ``state``); else it is asked of ``net``.
+    ``targets`` and ``views``: ``net``'s ``state_dict(keep_vars=True)`` and
+    :func:`cpu_views` where the caller knows them (a :class:`Lent` model's);
+    else they are found now.
 
     What ``net.load_state_dict(state)`` does for the paper's models (plain
     convolution, linear and batch-norm layers: no load hooks, no loading of
@@ -174,7 +178,8 @@ def load_received(net: torch.nn.Module, record: ArrayRecord,
     if missing or unexpected or misshapen:
         raise ValueError(f"the received model does not fit this one: missing {missing}, unexpected "
                          f"{unexpected}, other shapes [{', '.join(misshapen)}]")
-    views = cpu_views(net, targets)
+    if views is None:
+        views = cpu_views(net, targets)
     with torch.no_grad():
         for name, array in arrays.items():
             view = views.get(name)

@@ -296,6 +296,8 @@ def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_h
         spare = lent.net
         state = spare.state_dict(keep_vars=True)  # what the lent model's state must still be, object for object
         assert list(lent.state) == list(state) and all(lent.state[n] is t for n, t in state.items())
+        assert lent.views.keys() == state.keys()  # (a CPU model: a view of each tensor's own memory)
+        assert all(np.shares_memory(lent.views[n], t.detach().numpy()) for n, t in state.items())
         assert not any(m._forward_hooks for m in spare.modules())  # the dropout hooks are gone
         assert all(p.grad is None for p in spare.parameters())  # and its gradients
         train(0, rnd=3)  # another client trains the spare model
