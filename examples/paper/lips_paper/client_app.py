@@ -293,7 +293,8 @@ def train(msg: Message, context: Context) -> Message:
         if msg.content["config"].get("eval-before", True):  # the ServerApp asks only where it records it
             metrics.update(accuracies(net, val, test, "before"))
         # Serialized (copied) here, before the model goes back for another call.
-        arrays = numpy_to_record({k: v.numpy(force=True) for k, v in lent.state.items()})
+        arrays = numpy_to_record({k: lent.views[k] if k in lent.views else v.numpy(force=True)
+                                  for k, v in lent.state.items()})
     release(train_set[0].device.type)
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
