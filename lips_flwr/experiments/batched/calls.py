@@ -26,9 +26,11 @@ of the call that answers it and for the runner's observations alike.
 from __future__ import annotations
 
 import contextvars
+import random
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Generic, TypeVar
@@ -68,6 +70,15 @@ def nodes_awaited(frame: FrameType | None) -> int | None:
     if wanted is None:
         wanted = kwargs.get("num_clients", args[0] if args else None)
     return wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else None
+
+
+_MESSAGE_IDS = random.Random()  # (its own state: seeded from os.urandom, not the generators a run keeps)
+
+
+def new_message_id() -> str:
+    """A new message id in ``uuid.uuid4()``'s form, from this module's own generator: ``uuid4`` reads
+    ``os.urandom``, a system call, in which a client call's thread would let go of the GIL."""
+    return str(uuid.UUID(int=_MESSAGE_IDS.getrandbits(128), version=4))
 
 
 def received_copy(msg: Message, shared: Shared | None = None) -> Message:
@@ -250,5 +261,5 @@ class _Worker:
     abandoned = False
 
 
-__all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "CallsInTurn", "error_reply", "received_copy",
-           "reply_or_error", "round_of"]
+__all__ = ["CLIENT_APP_CRASHED", "CLIENT_APP_RAISED_EXCEPTION", "CallsInTurn", "error_reply",
+           "new_message_id", "received_copy", "reply_or_error", "round_of"]

@@ -75,7 +75,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
 from typing import Protocol
-from uuid import uuid4
 
 import flwr.serverapp.grid.grid as _grid_module
 import torch
@@ -89,6 +88,7 @@ from lips_flwr.errors import ConfigError
 from lips_flwr.experiments.batched.arrays import Shared, view_records
 from lips_flwr.experiments.batched.calls import (
     CallsInTurn,
+    new_message_id,
     nodes_awaited,
     received_copy,
     reply_or_error,
@@ -224,7 +224,7 @@ class BatchedGrid(Grid):
         for msg in messages:
             if msg.metadata.dst_node_id not in self.contexts:
                 raise ValueError(f"no node {msg.metadata.dst_node_id} in this grid")
-            msg.metadata.__dict__["_message_id"] = message_id = str(uuid4())
+            msg.metadata.__dict__["_message_id"] = message_id = new_message_id()
             msg.metadata.__dict__["_run_id"] = self._run.run_id
             msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             self._pending[message_id] = msg
@@ -285,7 +285,7 @@ class BatchedGrid(Grid):
         reply = reply_or_error(self.client_app, received, context)
         if reply.has_content():
             view_records(reply.content)  # what the strategy reads, read faster (arrays.py)
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        reply.metadata.__dict__["_message_id"] = new_message_id()
         if self.on_call is not None:
             self.on_call()
         return reply
