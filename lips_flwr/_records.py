@@ -80,11 +80,13 @@ class ViewedArray(Array):
     def view(self) -> np.ndarray:
         """A read-only view of the values, parsed once per bytes object; ``ValueError`` for bytes that
         are not a ``.npy`` array, Flower's ``TypeError`` for another serialization."""
+        if self.stype != NUMPY_SERIALIZATION:
+            return super().numpy()  # Flower's own TypeError
         parsed = self.__dict__.get("_parsed")
         if parsed is None or parsed[0] is not self.data:  # (a mod may give its own copy other bytes)
-            if self.stype != NUMPY_SERIALIZATION:
-                return super().numpy()  # Flower's own TypeError
-            parsed = self.__dict__["_parsed"] = (self.data, read_npy(self.data))
+            view = read_npy(self.data)
+            view.flags.writeable = False  # (shared by copies: read_npy's rare copies are writable)
+            parsed = self.__dict__["_parsed"] = (self.data, view)
         return parsed[1]
 
     def numpy(self) -> np.ndarray:

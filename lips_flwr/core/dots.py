@@ -27,8 +27,11 @@ CHUNK = 8192  # terms per BLAS call: below OpenBLAS's threshold for threads (10,
 
 def dot(x: np.ndarray, y: np.ndarray) -> float:
     """``x @ y`` of two 1-d arrays of one length and dtype, as a float: ``np.dot`` of each
-    :data:`CHUNK`-term slice, summed in order (one BLAS call, ``np.dot``'s bits, for up to
-    :data:`CHUNK` terms). An overflow gives ``inf`` as ``np.dot`` does."""
+    :data:`CHUNK`-term slice, summed in order in float64 (one BLAS call, ``np.dot``'s bits, for up
+    to :data:`CHUNK` terms). A chunk's overflow gives ``inf``; NaN and ``inf`` terms come through.
+    Arrays of other shapes are a ``ValueError``, as ``np.dot``'s."""
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"dot of arrays of shapes {x.shape} and {y.shape}: two 1-d arrays of one length")
     size = x.shape[0]
     if size <= CHUNK:
         return float(np.dot(x, y))

@@ -26,6 +26,7 @@ of the call that answers it and for the runner's observations alike.
 from __future__ import annotations
 
 import contextvars
+import os
 import random
 import threading
 import time
@@ -73,6 +74,8 @@ def nodes_awaited(frame: FrameType | None) -> int | None:
 
 
 _MESSAGE_IDS = random.Random()  # (its own state: seeded from os.urandom, not the generators a run keeps)
+if hasattr(os, "register_at_fork"):  # POSIX: a forked child draws other ids than its parent
+    os.register_at_fork(after_in_child=_MESSAGE_IDS.seed)
 
 
 def new_message_id() -> str:

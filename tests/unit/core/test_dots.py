@@ -21,7 +21,7 @@ def test_up_to_a_chunk_it_is_np_dot_bit_for_bit(dtype, size):
 
 
 @pytest.mark.parametrize("size", [CHUNK + 1, 2 * CHUNK, 18_432, 1_000_003])
-def test_beyond_a_chunk_blas_is_called_with_a_chunk_at_most_and_the_parts_are_summed_in_order(size, monkeypatch):
+def test_beyond_a_chunk_blas_gets_a_chunk_at_most_and_the_parts_are_summed_in_order(size, monkeypatch):
     x = np.random.default_rng(size).normal(size=size)
     y = np.random.default_rng(size + 1).normal(size=size)
     expected = 0.0
@@ -59,3 +59,10 @@ def test_overflow_nan_and_inf_come_through_as_np_dot_gives_them():
             assert not math.isfinite(dot(x, x))
     with np.errstate(invalid="ignore"):
         assert math.isnan(dot(np.array([math.inf]), np.array([0.0])))
+
+
+def test_arrays_of_other_shapes_are_refused():
+    pairs = ((np.ones(2 * CHUNK), np.ones(3 * CHUNK)), (np.ones(3), np.ones(4)), (np.ones((2, 2)), np.ones((2, 2))))
+    for x, y in pairs:
+        with pytest.raises(ValueError, match="two 1-d arrays of one length"):
+            dot(x, y)

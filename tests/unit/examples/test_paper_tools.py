@@ -294,7 +294,7 @@ def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_h
         assert len(client_app._spare[key]) == 1
         lent = client_app._spare[key][0]
         spare = lent.net
-        state = spare.state_dict(keep_vars=True)  # what the lent model's state must still be, object for object
+        state = spare.state_dict(keep_vars=True)  # what the lent model's state must be, object for object
         assert list(lent.state) == list(state) and all(lent.state[n] is t for n, t in state.items())
         assert lent.views.keys() == state.keys()  # (a CPU model: a view of each tensor's own memory)
         assert all(np.shares_memory(lent.views[n], t.detach().numpy()) for n, t in state.items())
@@ -302,7 +302,7 @@ def test_a_reused_model_replies_as_a_new_one_and_goes_back_without_its_dropout_h
         assert all(p.grad is None for p in spare.parameters())  # and its gradients
         train(0, rnd=3)  # another client trains the spare model
         reused = train(1)
-        assert [lent.net for lent in client_app._spare[key]] == [spare]  # the same model, borrowed again and back
+        assert [lent.net for lent in client_app._spare[key]] == [spare]  # the same model, borrowed again
         for name in fresh:
             np.testing.assert_array_equal(fresh[name], reused[name])
     finally:

@@ -138,6 +138,12 @@ def test_a_viewed_array_parses_its_bytes_once_and_again_for_other_bytes():
     copy.data = Array(np.full(3, 5.0, np.float32)).data  # a mod gives its own copy other bytes
     assert copy.view().tolist() == [5.0, 5.0, 5.0] and array.view() is first
     assert array.numpy() is not first and array.numpy().flags.writeable
+    writable = viewed(np.arange(3, dtype=np.float32))
+    writable.data = bytearray(writable.data)  # (bytes a view could write through: the shared view cannot)
+    assert not writable.view().flags.writeable and writable.numpy().tolist() == [0.0, 1.0, 2.0]
+    array.stype = "torch"  # another serialization after the parse: refused as Flower refuses it
+    with pytest.raises(TypeError, match="Unsupported serialization type"):
+        array.view()
 
 
 def test_pickling_a_viewed_array_leaves_its_view_behind():
@@ -188,7 +194,8 @@ def test_the_clients_of_a_delivery_read_one_parse_of_the_broadcast_model(engine)
                                    "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
 
     grid = BatchedGrid(app, num_nodes=3, run_config={}, engine=engine)
-    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, 3.0, np.float32))}), "config": ConfigRecord()})
+    content = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, 3.0, np.float32))}),
+                          "config": ConfigRecord()})
     for _ in range(2):
         list(grid.send_and_receive([Message(content, n, "train") for n in (1000, 1001, 1002)], timeout=30))
     first, second = seen[:3], seen[3:]
