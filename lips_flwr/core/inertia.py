@@ -27,10 +27,7 @@ def layer_similarities(
 def update_norms(updates: Mapping[str, np.ndarray]) -> dict[str, float]:
     """Per-layer L2 norm of an update, in float64 (:func:`.dots.norm`: ``np.linalg.norm``'s
     formula, without a BLAS thread)."""
-    norms = {}
-    for name, update in updates.items():
-        norms[name] = norm(update)
-    return norms
+    return {name: norm(update) for name, update in updates.items()}
 
 
 def relative_step(current: np.ndarray, start: np.ndarray) -> float | None:

@@ -79,23 +79,17 @@ def test_view_records_puts_copies_in_place_and_leaves_the_senders_objects_alone(
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
 def test_the_grid_carries_viewed_arrays_both_ways_with_flowers_values(engine):
-    from flwr.app import Context, Message
-    from flwr.clientapp import ClientApp
+    from flwr.app import Message
 
     from lips_flwr.experiments.batched import BatchedGrid
 
     received = []
-    app = ClientApp()
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        array = msg.content["arrays"]["w"]
+    def see(array: Array, pid: int) -> np.ndarray:
         received.append((type(array), array.numpy().tolist()))
-        pid = float(context.node_config["partition-id"])
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, pid, np.float32))}),
-                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        return np.full(2, float(pid), np.float32)
 
-    grid = BatchedGrid(app, num_nodes=2, run_config={}, engine=engine)
+    grid = BatchedGrid(app_replying(see), num_nodes=2, run_config={}, engine=engine)
     content = RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}), "config": ConfigRecord()})
     replies = list(grid.send_and_receive([Message(content, n, "train") for n in (1000, 1001)], timeout=30))
     assert received == [(ViewedArray, [1.0, 1.0])] * 2
@@ -177,23 +171,18 @@ def test_copies_of_a_broadcast_share_one_parse_in_a_delivery_and_bad_bytes_wait_
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
 def test_the_clients_of_a_delivery_read_one_parse_of_the_broadcast_model(engine):
-    from flwr.app import Context, Message
-    from flwr.clientapp import ClientApp
+    from flwr.app import Message
 
     from lips_flwr._records import array_view
     from lips_flwr.experiments.batched import BatchedGrid
 
     seen = []
-    app = ClientApp()
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        array = msg.content["arrays"]["w"]
+    def see(array: Array, pid: int) -> np.ndarray:
         seen.append((array, array_view(array), array_view(array).tolist()))  # (kept: ids stay unique)
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2, np.float32))}),
-                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        return np.ones(2, np.float32)
 
-    grid = BatchedGrid(app, num_nodes=3, run_config={}, engine=engine)
+    grid = BatchedGrid(app_replying(see), num_nodes=3, run_config={}, engine=engine)
     content = RecordDict({"arrays": ArrayRecord({"w": Array(np.full(2, 3.0, np.float32))}),
                           "config": ConfigRecord()})
     for _ in range(2):
@@ -203,3 +192,20 @@ def test_the_clients_of_a_delivery_read_one_parse_of_the_broadcast_model(engine)
     assert len({id(view) for _, view, _ in first}) == 1  # one parse for the delivery's clients
     assert all(values == [3.0, 3.0] for _, _, values in seen)
     assert len({id(view) for _, view, _ in second}) == 1 and second[0][1] is not first[0][1]  # one a delivery
+
+
+def app_replying(see):
+    """A ClientApp whose train call hands the received ``w`` and its partition id to ``see`` and
+    replies with the array ``see`` returns."""
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        reply = see(msg.content["arrays"]["w"], int(context.node_config["partition-id"]))
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(reply)}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    return app
