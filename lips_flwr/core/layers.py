@@ -22,11 +22,9 @@ LayerSpec = str | Sequence[str] | LayerPredicate
 
 def is_candidate(name: str, array: np.ndarray) -> bool:
     """Whether ``array`` is a floating-point weight tensor of rank >= 2."""
-    return (
-        np.issubdtype(array.dtype, np.floating)
-        and array.ndim >= 2
-        and not name.endswith(BN_BUFFER_SUFFIXES)
-    )
+    # (dtype.kind "f": numpy's floating dtypes, as np.issubdtype(dtype, np.floating), which is Python
+    # code and 20x slower; a client asks this of every tensor in every call.)
+    return array.ndim >= 2 and array.dtype.kind == "f" and not name.endswith(BN_BUFFER_SUFFIXES)
 
 
 def candidate_names(arrays: Mapping[str, np.ndarray]) -> list[str]:
