@@ -14,7 +14,7 @@ from typing import cast
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
-from .._records import array_view, as_npy_array, numpy_to_record, record_of, record_views
+from .._records import array_view, as_npy_array, numpy_to_record, record_dict, record_of, record_views
 from ..core.client_masking import client_mask, iter_local_update
 from ..core.inertia import update_norms
 from ..protocol import KEY_CLIENT_ZEROS, ClientRoundConfig, parse_train_config
@@ -48,14 +48,15 @@ def restore_local_record(state: RecordDict, record: ArrayRecord, names: Sequence
     of its values (:func:`save_local_record`, :func:`save_local`), the bytes
     a copy of them would be serialized to again.
     """
+    arrays = record_dict(record)  # (plain dicts: a record's lookups are Python code)
     # Each of them parsed, as before and as the app will: a bad one raises here.
-    received = {name: array_view(record[name]).shape for name in names if name in record}
+    received = {name: array_view(arrays[name]).shape for name in names if name in arrays}
     if LOCAL_KEY not in state or not received:
         return record
-    own = cast(ArrayRecord, state[LOCAL_KEY])
+    own = record_dict(cast(ArrayRecord, state[LOCAL_KEY]))
     mine = {name: own[name] for name, shape in received.items()
             if name in own and tuple(own[name].shape) == shape}
-    return record_of({name: mine.get(name, array) for name, array in record.items()}) if mine else record
+    return record_of({name: mine.get(name, array) for name, array in arrays.items()}) if mine else record
 
 
 def save_local_record(state: RecordDict, record: ArrayRecord, names: Sequence[str]) -> None:

@@ -39,6 +39,7 @@ from typing import Generic, TypeVar
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from lips_flwr._records import record_copy
 from lips_flwr.experiments.batched.arrays import Shared, viewed_record
 
 T = TypeVar("T")
@@ -98,10 +99,8 @@ def received_copy(msg: Message, shared: Shared | None = None) -> Message:
     for name, record in msg.content.items():
         if isinstance(record, ArrayRecord):
             content[name] = viewed_record(record, shared)
-        elif isinstance(record, MetricRecord):
-            content[name] = MetricRecord(dict(record.items()))
-        elif isinstance(record, ConfigRecord):
-            content[name] = ConfigRecord(dict(record.items()))
+        elif isinstance(record, (MetricRecord, ConfigRecord)):
+            content[name] = record_copy(record)  # (Flower's class, as the wire's copy would be)
         else:
             raise TypeError(f"unsupported record {name!r} of type {type(record).__name__}")
     received = Message(content, msg.metadata.dst_node_id, msg.metadata.message_type,

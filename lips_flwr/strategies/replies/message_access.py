@@ -17,20 +17,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from ..._npy import read_npy
+from ..._records import record_dict
 from ...protocol import KEY_CLIENT_ZEROS
 from .checks import MISSING, serialization_problem
 from .gate import ReadReply, ReplyAccess
 from .headers import ModelHeaders
 
 _R = TypeVar("_R")
-_V = TypeVar("_V")
 DATA, _STYPE = attrgetter("data"), attrgetter("stype")
 InnerAggregate = Callable[[int, list[Message]], tuple[Any, Any]]
 
@@ -76,13 +75,6 @@ def in_arrival_order(replies: list[Message], kept: list[Message]) -> list[Messag
         return list(replies)
     keep = {id(msg) for msg in kept}
     return [msg for msg in replies if msg.has_error() or id(msg) in keep]
-
-
-def record_dict(record: Mapping[str, _V]) -> dict[str, _V]:
-    """``dict(record.items())``, as one C copy when ``items()`` is a view of a dict (Flower's records)."""
-    items = record.items()
-    mapping = getattr(items, "mapping", None)  # a dict view's read-only proxy of its dict
-    return mapping.copy() if type(mapping) is MappingProxyType else dict(items)
 
 
 def reply_views(msg: Message) -> dict[str, np.ndarray]:
