@@ -132,3 +132,48 @@ def test_hf_loader_converts_images(monkeypatch):
 def test_unknown_dataset_is_a_clear_error():
     with pytest.raises(ValueError, match="`dataset` must be one of"):
         load_dataset("mnist-but-not")
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.1, 100.0])
+def test_a_splits_pools_give_the_draws_found_without_them(alpha):
+    """client_split draws from each split's class indices found once (ImageDataset's pools): the same indices."""
+    from lips_flwr.experiments.task.data.partition import class_indices
+
+    labels = np.concatenate([np.repeat(np.arange(9), 40), [3, 3]])  # class 9 missing from this split
+    rng = np.random.default_rng(0)
+    labels = labels[rng.permutation(labels.size)]
+    pools = class_indices(labels, 10)
+    assert [p.tolist() for p in pools] == [np.flatnonzero(labels == c).tolist() for c in range(10)]
+    for pid in range(30):
+        for split, samples in (("train", 100), ("test", 7)):
+            np.testing.assert_array_equal(low_data_indices(labels, pid, samples, alpha, 5, split, 10, pools),
+                                          low_data_indices(labels, pid, samples, alpha, 5, split, 10))
+    with pytest.raises(ValueError, match=r"labels must be in 0 \.\. 9, got 0 \.\. 10"):
+        class_indices(np.array([0, 10]), 10)
+
+
+def test_a_split_is_drawn_from_its_datasets_pools(tmp_path):
+    rng = np.random.default_rng(1)
+    images, labels = rng.integers(0, 256, (60, 28, 28)), rng.integers(0, 10, 60)
+    for prefix in ("train", "t10k"):
+        write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    data = ds.load_fashion_mnist(tmp_path)
+    x, y, xt, yt = client_split(data, 4, 20, 5, 0.1, 3)
+    tr = low_data_indices(data.y_train, 4, 20, 0.1, 3, "train", 10)
+    te = low_data_indices(data.y_test, 4, 5, 0.1, 3, "test", 10)
+    np.testing.assert_array_equal(x, data.x_train[tr])
+    np.testing.assert_array_equal(y, data.y_train[tr])
+    np.testing.assert_array_equal(xt, data.x_test[te])
+    np.testing.assert_array_equal(yt, data.y_test[te])
+    assert data.train_pools is data.train_pools  # found once
+
+
+def test_read_idx_reads_a_gzip_file_of_several_members_and_refuses_a_cut_one(tmp_path):
+    labels = np.arange(30) % 10
+    whole = struct.pack(">HBB", 0, 0x08, 1) + struct.pack(">I", 30) + labels.astype(np.uint8).tobytes()
+    (tmp_path / "two.gz").write_bytes(gzip.compress(whole[:9]) + gzip.compress(whole[9:]))
+    np.testing.assert_array_equal(read_idx(tmp_path / "two.gz"), labels)
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(whole)[:-12])
+    with pytest.raises(EOFError):
+        read_idx(tmp_path / "cut.gz")

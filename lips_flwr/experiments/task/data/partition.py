@@ -10,6 +10,8 @@ depend on how many other clients exist or in which order they are built.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 # Salts of the random streams: one for the proportions, one per split drawn.
@@ -41,6 +43,7 @@ def low_data_indices(
     seed: int = 0,
     split: str = "train",
     num_classes: int | None = None,
+    pools: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """Indices into ``labels`` of one client's ``samples`` examples.
 
@@ -60,6 +63,10 @@ def low_data_indices(
         ``"train"`` or ``"test"``: independent draws with the same proportions.
     num_classes : int, optional
         Defaults to ``labels.max() + 1``.
+    pools : sequence of np.ndarray, optional
+        :func:`class_indices` of ``labels`` and ``num_classes``, where the
+        caller keeps them for all its clients (found here otherwise: a pass
+        over ``labels`` per class drawn).
 
     A class with fewer examples than the client needs is drawn with replacement.
     """
@@ -69,7 +76,8 @@ def low_data_indices(
     _require("split", split in SPLIT_SALTS, f"one of {tuple(SPLIT_SALTS)}", split)
     num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
     q = class_proportions(num_classes, partition_id, alpha, seed)
-    present = np.bincount(labels, minlength=num_classes) > 0
+    present = (np.bincount(labels, minlength=num_classes) if pools is None
+               else np.array([pool.size for pool in pools])) > 0
     if not present.all():  # a class missing from this split cannot be drawn
         q = np.where(present, q, 0.0)
         q = q / q.sum() if q.sum() > 0 else present / present.sum()
@@ -77,9 +85,18 @@ def low_data_indices(
     counts = rng.multinomial(samples, q)
     chosen = []
     for c in np.flatnonzero(counts):
-        pool = np.flatnonzero(labels == c)
+        pool = np.flatnonzero(labels == c) if pools is None else pools[int(c)]
         chosen.append(rng.choice(pool, size=counts[c], replace=counts[c] > pool.size))
     return rng.permutation(np.concatenate(chosen))
 
 
-__all__ = ["SPLIT_SALTS", "class_proportions", "low_data_indices"]
+def class_indices(labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, ...]:
+    """``np.flatnonzero(labels == c)`` for each class ``c`` in ``0 .. num_classes - 1``: the pools
+    :func:`low_data_indices` draws from. Raises ``ValueError`` for a label outside them."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"labels must be in 0 .. {num_classes - 1}, got {labels.min()} .. {labels.max()}")
+    return tuple(np.flatnonzero(labels == c) for c in range(num_classes))
+
+
+__all__ = ["SPLIT_SALTS", "class_indices", "class_proportions", "low_data_indices"]
