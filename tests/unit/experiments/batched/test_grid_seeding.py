@@ -239,3 +239,22 @@ def test_derive_seed_is_numpys_seed_sequence_and_globals_kept_puts_every_generat
     after = draws()
     seed_globals(5)
     assert after == draws()
+
+
+@pytest.mark.parametrize("available", [False, True])
+def test_cudas_seed_is_queued_back_only_where_cuda_can_start(monkeypatch, available):
+    """Without CUDA initialised, restore_globals queues the saved seed for CUDA, as torch.manual_seed would:
+    only where a CUDA device is available (elsewhere CUDA never starts, and the queueing costs a stack trace)."""
+    from lips_flwr.experiments.seeding import restore_globals, saved_globals
+
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised: its generators' states are saved and put back instead")
+    seeded: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
+    torch.manual_seed(11)
+    state = saved_globals()
+    assert state.cuda is None
+    seeded.clear()  # (torch.manual_seed queued its own)
+    restore_globals(state)
+    assert seeded == ([11] if available else [])
