@@ -258,3 +258,34 @@ def test_cudas_seed_is_queued_back_only_where_cuda_can_start(monkeypatch, availa
     seeded.clear()  # (torch.manual_seed queued its own)
     restore_globals(state)
     assert seeded == ([11] if available else [])
+
+
+def test_seed_torch_seeds_what_torch_manual_seed_seeds_on_the_backends_available(monkeypatch):
+    from lips_flwr.experiments import seeding
+    from lips_flwr.experiments.seeding import seed_torch
+
+    torch.manual_seed(3)
+    theirs = (torch.rand(4), torch.initial_seed())
+    seed_torch(3)
+    assert torch.equal(torch.rand(4), theirs[0]) and torch.initial_seed() == theirs[1] == 3
+
+    seeded: list[tuple[str, int]] = []
+    for name, seed_name in (("cuda", "manual_seed_all"), ("mps", "manual_seed"), ("xpu", "manual_seed_all"),
+                            ("mtia", "manual_seed_all")):
+        module = getattr(torch, name)
+        monkeypatch.setattr(module, "is_available", lambda name=name: name in ("cuda", "mtia"))
+        monkeypatch.setattr(module, seed_name, lambda seed, name=name: seeded.append((name, seed)))
+    monkeypatch.setattr(torch.mtia, "_is_in_bad_fork", lambda: True)  # (torch leaves such a backend alone)
+    seeding._seeded_backends.cache_clear()
+    try:
+        seed_torch(9)
+        assert seeded == [("cuda", 9)] and torch.initial_seed() == 9
+        seeded.clear()
+        monkeypatch.setattr(torch, torch._C._get_privateuse1_backend_name(), object(), raising=False)
+        seeding._seeded_backends.cache_clear()
+        called = []
+        monkeypatch.setattr(torch, "manual_seed", called.append)
+        seed_torch(10)  # a custom backend: torch.manual_seed itself
+        assert called == [10] and seeded == []
+    finally:
+        seeding._seeded_backends.cache_clear()
