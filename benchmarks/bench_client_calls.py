@@ -8,7 +8,8 @@ reply's records. This runs the paper app (``conf/prereg-fmnist-gpu-dir0.1.toml``
 ``algorithm=lips``, with the study's checkpoint and client-state folder) at a
 tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
 for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
-are in the working tree, in fresh processes that alternate (``--reps``), and
+are in the working tree, the Grid seeded as the experiment runner seeds a run
+(every call seeded; the stacked engine keeps each client's generators), in fresh processes that alternate (``--reps``), and
 splits each run's client time into compute (inside ``local_compute()``, timed
 by a wrapper) and overhead (the rest). ``--rev`` at 4afdc2b or later: the
 runs' code is imported from there, the timing from this file.
@@ -98,7 +99,7 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
         start, cpu = time.perf_counter(), os.times()
         config = resolve_run_config(load_app(Path.cwd() / "examples" / "paper"), conf)
         grid = run_batched(server_app, client_app, run_config=config, num_nodes=nodes,
-                           engine=engine)
+                           engine=engine, seed=conf["seed"])  # (seeded as the runner seeds a run)
         wall, cpu_end = time.perf_counter() - start, os.times()
     import lips_flwr
 
