@@ -9,10 +9,11 @@ reply's records. This runs the paper app (``conf/prereg-fmnist-gpu-dir0.1.toml``
 tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
 for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
 are in the working tree, the Grid seeded as the experiment runner seeds a run
-(every call seeded; the stacked engine keeps each client's generators), in fresh processes that alternate (``--reps``), and
-splits each run's client time into compute (inside ``local_compute()``, timed
-by a wrapper) and overhead (the rest). ``--rev`` at 4afdc2b or later: the
-runs' code is imported from there, the timing from this file.
+(every call seeded; the stacked engine keeps each client's generators), in
+fresh processes that alternate (``--reps``), and splits each run's client time
+into compute (inside ``local_compute()``, timed by a wrapper) and overhead
+(the rest). ``--rev`` at 4afdc2b or later: the runs' code is imported from
+there, the timing from this file.
 
     python benchmarks/bench_client_calls.py --rev 14f54fa              # 100 clients x 6 rounds, 3 reps: ~2 min
     python benchmarks/bench_client_calls.py --rev 14f54fa --reps 5 --rounds 10

@@ -226,15 +226,19 @@ def record_copy(record: ConfigRecord | MetricRecord) -> ConfigRecord | MetricRec
     ``typing.get_args`` at run time); they were checked when they went into
     ``record``, so a copy of a record of Flower's class is filled at once
     where this Flower's records hold their two checks and a dict
-    (:func:`_copies_as_flower`). A subclass's record goes through the constructor.
+    (:func:`_copies_as_flower`): its checks and a new dict of the items,
+    nothing else of ``record`` (not an ``object_id`` it cached). (A list
+    value changed in place since, to hold other types, is not checked
+    again.) A subclass's record goes through the constructor.
     """
     cls: type[MetricRecord] | type[ConfigRecord] = (MetricRecord if isinstance(record, MetricRecord)
                                                     else ConfigRecord)
     if not _FAST_COPIES or type(record) is not cls:
         return cls(dict(record.items()))  # type: ignore[arg-type]
+    state = vars(record)
     copy = cls.__new__(cls)
-    copy.__dict__.update(vars(record))
-    copy.__dict__["_data"] = dict(vars(record)["_data"])
+    copy.__dict__.update(_check_key_fn=state["_check_key_fn"], _check_value_fn=state["_check_value_fn"],
+                         _data=dict(state["_data"]))
     return copy
 
 

@@ -68,31 +68,42 @@ def seed_torch(seed: int) -> None:
     available never initialises, so its queued seed never takes effect:
     skipping it changes no draw, and saves ~0.1 ms of every seeded client
     call on a machine with neither XPU nor MTIA (any CPU or CUDA machine).
-    With a custom backend registered, this is ``torch.manual_seed`` itself.
+    With a custom (privateuse1) backend registered, this is ``torch.manual_seed`` itself.
     """
-    backends = _seeded_backends()
-    if backends is None:
+    seed = int(seed)  # (as torch.manual_seed: a numpy integer too)
+    if hasattr(torch, torch._C._get_privateuse1_backend_name()):
         torch.manual_seed(seed)
         return
-    for in_bad_fork, seed_all in backends:  # (as torch.manual_seed: not in a child forked after init)
-        if not in_bad_fork():
+    for in_bad_fork, seed_all in _seeded_backends():  # (as torch.manual_seed: not in a child forked
+        if not in_bad_fork():                          # after the backend started)
             seed_all(seed)
     torch.default_generator.manual_seed(seed)
 
 
+# The backends torch.manual_seed seeds (torch.random._manual_seed_impl), with their seeding function.
+SEEDED_BACKENDS = (("cuda", "manual_seed_all"), ("mps", "manual_seed"), ("xpu", "manual_seed_all"),
+                   ("mtia", "manual_seed_all"))
+
+
 @functools.cache
-def _seeded_backends() -> list[tuple[Callable[[], bool], Callable[[int], None]]] | None:
-    """``(_is_in_bad_fork, its manual seed)`` of each available backend ``torch.manual_seed`` seeds;
-    ``None`` where a custom (privateuse1) backend is registered: ``torch.manual_seed`` then."""
-    if hasattr(torch, torch._C._get_privateuse1_backend_name()):
-        return None
+def _seeded_backends() -> list[tuple[Callable[[], bool], Callable[[int], None]]]:
+    """``(_is_in_bad_fork, its manual seed)`` of each available backend that ``torch.manual_seed`` seeds."""
     backends = []
-    for name, seed_name in (("cuda", "manual_seed_all"), ("mps", "manual_seed"), ("xpu", "manual_seed_all"),
-                            ("mtia", "manual_seed_all")):
+    for name, seed_name in SEEDED_BACKENDS:
         module = getattr(torch, name, None)
-        if module is not None and module.is_available():
+        if module is None:
+            continue
+        if _cuda_present() if name == "cuda" else module.is_available():
             backends.append((module._is_in_bad_fork, getattr(module, seed_name)))
     return backends
+
+
+@functools.cache
+def _cuda_present() -> bool:
+    """Whether this process can use a CUDA device: ``torch.cuda.device_count() > 0``, which asks NVML
+    where it can (``torch.cuda.is_available()`` may start CUDA's driver instead, and then a forked
+    child cannot use CUDA)."""
+    return torch.cuda.device_count() > 0
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,7 @@ def restore_globals(state: GlobalsState) -> None:
     torch.set_rng_state(state.torch_cpu)
     if state.cuda is not None:
         torch.cuda.set_rng_state_all(state.cuda)
-    elif torch.cuda.is_available():
+    elif _cuda_present():
         torch.cuda.manual_seed_all(state.torch_seed)
 
 

@@ -1,4 +1,4 @@
-"""Records copied and built for one process (issue 39): Flower's values, made without Flower's per-item checks.
+"""Records copied and built in one process (issue 39): Flower's values, without its per-item checks.
 
 A ClientApp call on the batched Grid copied its message's config record
 through Flower's constructor (each item checked again) and parsed a reply's
@@ -37,6 +37,8 @@ def test_a_record_copy_is_what_flowers_constructor_makes_of_its_items(record):
     assert copy.object_id == flower.object_id
     copy["added"] = 1  # a copy of its own: the original does not change
     assert "added" not in record
+    assert copy.object_id != record.object_id  # (record cached its id: the copy does not take it)
+    assert vars(record_copy(record)).keys() == vars(type(record)(dict(record.items()))).keys()
     with pytest.raises(TypeError):
         copy["bad"] = object()  # type: ignore[assignment]  # and Flower's checks still guard it
 

@@ -26,7 +26,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import torch
@@ -188,7 +188,7 @@ def load_received(net: torch.nn.Module, record: ArrayRecord, targets: dict[str, 
                 targets[name].copy_(torch.from_numpy(np.array(array)))
 
 
-def raise_misfit(arrays: dict[str, np.ndarray], targets: dict[str, torch.Tensor]) -> None:
+def raise_misfit(arrays: dict[str, np.ndarray], targets: dict[str, torch.Tensor]) -> NoReturn:
     """The ``ValueError`` of :func:`load_received` for arrays that do not fit the model's tensors."""
     missing, unexpected = sorted(targets.keys() - arrays.keys()), sorted(arrays.keys() - targets.keys())
     misshapen = [f"{name} {tuple(array.shape)} for {tuple(targets[name].shape)}"

@@ -76,7 +76,10 @@ def test_is_candidate(name, array, expected):
     assert is_candidate(name, array) is expected
 
 
-@pytest.mark.parametrize("dtype", sorted({np.dtype(t).str for t in np.sctypeDict.values()} | {"V4", "<f4,<i4", "O"}))
+DTYPES = sorted({np.dtype(t).str for t in np.sctypeDict.values()} | {"V4", "<f4,<i4", "O"})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_is_candidate_takes_the_floating_dtypes_np_issubdtype_calls_floating(dtype):
     array = np.zeros((2, 2), dtype=np.dtype(dtype))  # every numpy scalar type, void, structured, object
     assert is_candidate("w", array) is bool(np.issubdtype(array.dtype, np.floating))

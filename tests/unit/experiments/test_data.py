@@ -136,7 +136,7 @@ def test_unknown_dataset_is_a_clear_error():
 
 @pytest.mark.parametrize("alpha", [0.01, 0.1, 100.0])
 def test_a_splits_pools_give_the_draws_found_without_them(alpha):
-    """client_split draws from each split's class indices found once (ImageDataset's pools): the same indices."""
+    """client_split draws from each split's class indices, found once (ImageDataset's pools): the same."""
     from lips_flwr.experiments.task.data.partition import class_indices
 
     labels = np.concatenate([np.repeat(np.arange(9), 40), [3, 3]])  # class 9 missing from this split
@@ -144,6 +144,7 @@ def test_a_splits_pools_give_the_draws_found_without_them(alpha):
     labels = labels[rng.permutation(labels.size)]
     pools = class_indices(labels, 10)
     assert [p.tolist() for p in pools] == [np.flatnonzero(labels == c).tolist() for c in range(10)]
+    assert not any(p.flags.writeable for p in pools)  # (shared by every client a process builds)
     for pid in range(30):
         for split, samples in (("train", 100), ("test", 7)):
             np.testing.assert_array_equal(low_data_indices(labels, pid, samples, alpha, 5, split, 10, pools),
@@ -177,3 +178,11 @@ def test_read_idx_reads_a_gzip_file_of_several_members_and_refuses_a_cut_one(tmp
     (tmp_path / "cut.gz").write_bytes(gzip.compress(whole)[:-12])
     with pytest.raises(EOFError):
         read_idx(tmp_path / "cut.gz")
+    (tmp_path / "plain.gz").write_bytes(whole)  # not gzip: gzip's own error, as before
+    with pytest.raises(gzip.BadGzipFile):
+        read_idx(tmp_path / "plain.gz")
+    damaged = bytearray(gzip.compress(whole))
+    damaged[-8] ^= 0xFF  # the CRC
+    (tmp_path / "damaged.gz").write_bytes(bytes(damaged))
+    with pytest.raises(gzip.BadGzipFile):
+        read_idx(tmp_path / "damaged.gz")

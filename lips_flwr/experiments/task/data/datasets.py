@@ -83,7 +83,10 @@ def _gunzip(data: bytes) -> bytes:
     ``gzip.decompress`` copies the stream after each header and checks it again, 1.2x the time of
     the ~0.2 s a process spends on the training images."""
     inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # (a gzip header and trailer, checked)
-    out = inflate.decompress(data)
+    try:
+        out = inflate.decompress(data)
+    except zlib.error:  # not gzip, or damaged: gzip's own error (BadGzipFile, an OSError)
+        return gzip.decompress(data)
     if not inflate.eof or inflate.unused_data:  # truncated, or more members: gzip's own result or error
         return gzip.decompress(data)
     return out

@@ -96,7 +96,10 @@ def class_indices(labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, ...
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must be in 0 .. {num_classes - 1}, got {labels.min()} .. {labels.max()}")
-    return tuple(np.flatnonzero(labels == c) for c in range(num_classes))
+    pools = tuple(np.flatnonzero(labels == c) for c in range(num_classes))
+    for pool in pools:
+        pool.flags.writeable = False  # (kept for every client a process builds)
+    return pools
 
 
 __all__ = ["SPLIT_SALTS", "class_indices", "class_proportions", "low_data_indices"]

@@ -243,14 +243,15 @@ def test_derive_seed_is_numpys_seed_sequence_and_globals_kept_puts_every_generat
 
 @pytest.mark.parametrize("available", [False, True])
 def test_cudas_seed_is_queued_back_only_where_cuda_can_start(monkeypatch, available):
-    """Without CUDA initialised, restore_globals queues the saved seed for CUDA, as torch.manual_seed would:
-    only where a CUDA device is available (elsewhere CUDA never starts, and the queueing costs a stack trace)."""
+    """Without CUDA initialised, restore_globals queues the saved seed for CUDA, as torch.manual_seed
+    would: only where a CUDA device is present (elsewhere CUDA never starts; queueing costs a stack trace)."""
+    from lips_flwr.experiments import seeding
     from lips_flwr.experiments.seeding import restore_globals, saved_globals
 
     if torch.cuda.is_initialized():
         pytest.skip("CUDA is initialised: its generators' states are saved and put back instead")
     seeded: list[int] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(seeding, "_cuda_present", lambda: available)
     monkeypatch.setattr(torch.cuda, "manual_seed_all", seeded.append)
     torch.manual_seed(11)
     state = saved_globals()
@@ -260,29 +261,52 @@ def test_cudas_seed_is_queued_back_only_where_cuda_can_start(monkeypatch, availa
     assert seeded == ([11] if available else [])
 
 
+def test_seed_torch_knows_every_backend_torch_manual_seed_seeds():
+    """A torch that seeds another backend in manual_seed is noticed here (seed_torch would leave it out)."""
+    import inspect
+    import re
+
+    from lips_flwr.experiments.seeding import SEEDED_BACKENDS
+
+    source = inspect.getsource(torch.random._manual_seed_impl)
+    assert set(re.findall(r"torch\.(\w+)\.manual_seed\w*\(", source)) == {name for name, _ in SEEDED_BACKENDS}
+    called = re.findall(r"torch\.(\w+)\.(manual_seed\w*)\(", source)
+    assert set(called) == set(SEEDED_BACKENDS)
+    assert "_seed_custom_device(seed)" in source  # (a custom backend: seed_torch calls torch.manual_seed)
+
+
 def test_seed_torch_seeds_what_torch_manual_seed_seeds_on_the_backends_available(monkeypatch):
     from lips_flwr.experiments import seeding
-    from lips_flwr.experiments.seeding import seed_torch
+    from lips_flwr.experiments.seeding import SEEDED_BACKENDS, seed_torch
 
     torch.manual_seed(3)
     theirs = (torch.rand(4), torch.initial_seed())
-    seed_torch(3)
+    seed_torch(np.int64(3))  # (a numpy integer, as torch.manual_seed takes it)
     assert torch.equal(torch.rand(4), theirs[0]) and torch.initial_seed() == theirs[1] == 3
 
     seeded: list[tuple[str, int]] = []
-    for name, seed_name in (("cuda", "manual_seed_all"), ("mps", "manual_seed"), ("xpu", "manual_seed_all"),
-                            ("mtia", "manual_seed_all")):
+    available = {"cuda", "mps", "xpu", "mtia"}
+    for name, seed_name in SEEDED_BACKENDS:
         module = getattr(torch, name)
-        monkeypatch.setattr(module, "is_available", lambda name=name: name in ("cuda", "mtia"))
+        monkeypatch.setattr(module, "is_available", lambda name=name: name in available)
         monkeypatch.setattr(module, seed_name, lambda seed, name=name: seeded.append((name, seed)))
-    monkeypatch.setattr(torch.mtia, "_is_in_bad_fork", lambda: True)  # (torch leaves such a backend alone)
+        monkeypatch.setattr(module, "_is_in_bad_fork", lambda: False)
+    monkeypatch.setattr(seeding, "_cuda_present", lambda: "cuda" in available)
     seeding._seeded_backends.cache_clear()
     try:
+        torch.manual_seed(8)  # every backend available: what torch seeds, seed_torch seeds
+        theirs_seeded, seeded[:] = list(seeded), []
+        seed_torch(8)
+        assert seeded == theirs_seeded and {name for name, _ in seeded} == available
+        available.clear()
+        available.update({"cuda", "mtia"})
+        monkeypatch.setattr(torch.mtia, "_is_in_bad_fork", lambda: True)  # (which torch leaves alone)
+        seeding._seeded_backends.cache_clear()
+        seeded.clear()
         seed_torch(9)
         assert seeded == [("cuda", 9)] and torch.initial_seed() == 9
         seeded.clear()
         monkeypatch.setattr(torch, torch._C._get_privateuse1_backend_name(), object(), raising=False)
-        seeding._seeded_backends.cache_clear()
         called = []
         monkeypatch.setattr(torch, "manual_seed", called.append)
         seed_torch(10)  # a custom backend: torch.manual_seed itself
