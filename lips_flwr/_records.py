@@ -44,10 +44,7 @@ def viewed_array_of(ndarray: np.ndarray) -> ViewedArray:
     """:func:`array_of` as a :class:`ViewedArray` (the same fields and bytes), for an Array that is
     read again in this process: a reply that the client's mods (LIPS, FedBN, the state files) and
     the batched Grid's server each read parses its bytes once, not once per reader."""
-    array = array_of(ndarray)
-    viewed = ViewedArray.__new__(ViewedArray)
-    viewed.__dict__.update(vars(array))
-    return viewed
+    return ViewedArray.copy_of(array_of(ndarray))
 
 
 def as_npy_array(array: Array) -> Array:
