@@ -96,12 +96,16 @@ class MetricWatch:
     """A sweep's progress callback that refuses an unknown metric after the first run's first evaluation.
 
     It passes each line on to ``progress``; on a ``[first] round r`` line of
-    run ``first``, it reads that run's partial observations (its staging
-    folder's ``observed.json``, saved before the line is sent) and, once they
-    hold an evaluated round, checks the metric there (:func:`choose_metric`)
-    once: a name in none of the rounds' aggregated clients' metrics
-    (:func:`client_keys`, as :func:`evaluate_series` reads them) nor the
-    ServerApp's raises ``ConfigError``, which stops the sweep.
+    run ``first`` (sent once round ``r``'s train replies are in), it reads
+    that run's partial observations (its staging folder's ``observed.json``)
+    of the rounds before ``r`` and, once they hold an evaluated round, checks
+    the metric there (:func:`choose_metric`) once: a name in none of the
+    rounds' aggregated clients' metrics (:func:`client_keys`, as
+    :func:`evaluate_series` reads them) nor the ServerApp's raises
+    ``ConfigError``, which stops the sweep. (The file is saved before the
+    line is sent, but read when the line arrives: the run may have evaluated
+    round ``r`` meanwhile. Rounds from ``r`` on wait for the next line, so
+    the check, and where the sweep stops, depend on the line alone.)
     """
 
     def __init__(self, metric: str | None, first: str, staging: Path,
@@ -115,12 +119,14 @@ class MetricWatch:
         if self.checked or found is None or found["name"] != self.first:
             return
         try:
-            observed: dict[str, Any] = json.loads((self.staging / "observed.json").read_text())
+            saved: dict[str, Any] = json.loads((self.staging / "observed.json").read_text())
         except (OSError, ValueError):
             return
+        before = int(found["round"])
+        observed = {**saved, "rounds": {r: e for r, e in saved.get("rounds", {}).items() if int(r) < before}}
         if not any(int(r) >= 1 and ((e.get("evaluate") or {}).get("metrics")
                                     or (e.get("server_evaluate") or {}).get("metrics"))
-                   for r, e in observed.get("rounds", {}).items()):
+                   for r, e in observed["rounds"].items()):
             return
         self.checked = True
         metric, source = choose_metric(observed, self.metric, self.first)

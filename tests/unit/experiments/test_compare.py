@@ -575,10 +575,25 @@ def test_the_metric_watch_takes_a_metric_that_only_some_clients_report(tmp_path)
     partial["rounds"]["1"]["evaluate"]["metrics"]["rare"] = 0.25  # (another client's reply has it)
     (tmp_path / "observed.json").write_text(json.dumps(partial))
     lines: list[str] = []
-    MetricWatch("rare", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
-    assert lines == ["[a-seed1] round 1/2"]
+    MetricWatch("rare", "a-seed1", tmp_path, lines.append)("[a-seed1] round 2/2")  # (round 1 is before it)
+    assert lines == ["[a-seed1] round 2/2"]
     with pytest.raises(ConfigError, match="'nosuch' is in no round"):
-        MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)("[a-seed1] round 1/2")
+        MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)("[a-seed1] round 2/2")
+
+
+def test_the_metric_watch_checks_the_rounds_before_its_line_whenever_it_reads_the_file(tmp_path):
+    """The file is read when a line arrives: a run that went on meanwhile had evaluated the line's round
+    already, and the sweep stopped a line sooner (a race compare's end-to-end test lost now and then)."""
+    from lips_flwr.experiments.compare.metric import MetricWatch
+
+    (tmp_path / "observed.json").write_text(json.dumps(observed([0.5, 0.6])))  # rounds 1 and 2 evaluated
+    lines: list[str] = []
+    watch = MetricWatch("nosuch", "a-seed1", tmp_path, lines.append)
+    watch("[a-seed1] round 1/4")  # round 1's evaluation came after this line: not checked yet
+    assert not watch.checked and lines == ["[a-seed1] round 1/4"]
+    with pytest.raises(ConfigError, match="'nosuch' is in no round of \\['a-seed1'\\]"):
+        watch("[a-seed1] round 2/4")
+    assert watch.checked
 
 
 def test_a_second_compare_into_a_folder_in_use_is_refused_before_it_deletes_anything(tmp_path, capsys):
