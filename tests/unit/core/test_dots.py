@@ -28,13 +28,19 @@ def test_beyond_a_chunk_blas_gets_a_chunk_at_most_and_the_parts_are_summed_in_or
     for start in range(0, size, CHUNK):
         expected += float(np.dot(x[start:start + CHUNK], y[start:start + CHUNK]))
     sizes = []
-    blas_dot = np.dot
+    blas_dot, rows_dot = np.dot, getattr(np, "vecdot", None)
 
     def recorded(a, b):
         sizes.append(a.shape[0])
         return blas_dot(a, b)
 
+    def recorded_rows(a, b):  # np.vecdot: one BLAS dot per row
+        sizes.extend([a.shape[-1]] * a.shape[0])
+        return rows_dot(a, b)
+
     monkeypatch.setattr(dots.np, "dot", recorded)  # (numpy's module: restored after the test)
+    if rows_dot is not None:
+        monkeypatch.setattr(dots.np, "vecdot", recorded_rows)
     assert dot(x, y) == expected
     assert max(sizes) <= CHUNK and sum(sizes) == size
     assert expected == pytest.approx(float(blas_dot(x, y)), rel=1e-12)
@@ -66,3 +72,41 @@ def test_arrays_of_other_shapes_are_refused():
     for x, y in pairs:
         with pytest.raises(ValueError, match="two 1-d arrays of one length"):
             dot(x, y)
+
+
+def _parts_in_order(x, y):
+    """The definition: np.dot of each CHUNK-term slice, summed in order."""
+    total = 0.0
+    for start in range(0, x.shape[0], CHUNK):
+        total += float(np.dot(x[start:start + CHUNK], y[start:start + CHUNK]))
+    return total
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_whole_chunks_in_one_call_give_np_dots_bits_for_every_layout(dtype):
+    rng = np.random.default_rng(11)
+    for size in (CHUNK + 1, 2 * CHUNK, 3 * CHUNK + 5, 147_456, 589_824, 1_261_101):
+        for offset in (0, 1, 3):  # an array that does not start on the allocator's alignment
+            buffer = np.empty(size + offset, dtype=dtype)
+            buffer[offset:] = rng.normal(size=size) * 10.0 ** rng.uniform(-4, 4)
+            x = buffer[offset:]
+            y = rng.normal(size=size).astype(dtype)
+            assert dot(x, y) == _parts_in_order(x, y)
+            assert dot(x, x) == _parts_in_order(x, x)
+    strided = rng.normal(size=4 * CHUNK + 6)[::2]  # not contiguous: chunk by chunk, as np.dot gets them
+    assert dot(strided, strided) == _parts_in_order(strided, strided)
+    mixed = (rng.normal(size=3 * CHUNK).astype(np.float32), rng.normal(size=3 * CHUNK))
+    assert dot(*mixed) == _parts_in_order(*mixed)
+
+
+def test_numpy_without_vecdot_gives_the_same_bits(monkeypatch):
+    x = np.random.default_rng(5).normal(size=5 * CHUNK + 17)
+    fast = dot(x, x)
+    monkeypatch.setattr(dots, "_VECDOT_AS_DOT", False)
+    assert dot(x, x) == fast == _parts_in_order(x, x)
+    monkeypatch.delattr(dots.np, "vecdot", raising=False)
+    assert dots._vecdot_is_np_dot() is False
+
+
+def test_this_numpys_vecdot_is_taken_when_it_exists():
+    assert dots._VECDOT_AS_DOT is hasattr(np, "vecdot")
