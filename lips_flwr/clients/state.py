@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from .._records import array_view, as_npy_array, numpy_to_record, record_dict, record_of, record_views
-from ..core.client_masking import client_mask, iter_local_update
+from ..core.client_masking import client_mask, iter_local_update, local_update_norms
 from ..core.inertia import update_norms
 from ..protocol import KEY_CLIENT_ZEROS, ClientRoundConfig, parse_train_config
 
@@ -116,11 +116,11 @@ def after_training(
     layers) and ``lips-update-norm/<name>`` per layer.
     """
     keep = round_config is not None and round_config.mode == "client"
-    delta, norms = {}, {}
-    for name, update in iter_local_update(start, trained):  # a layer at a time: in server
-        norms.update(update_norms({name: update}))          # mode no update outlives its norm
-        if keep:
-            delta[name] = update
+    if keep:
+        delta = dict(iter_local_update(start, trained))
+        norms = update_norms(delta)
+    else:  # server mode keeps no update: their norms without their arrays
+        norms = local_update_norms(start, trained)
     metrics = {"lips-update-norm": float(np.sqrt(sum(v * v for v in norms.values())))}
     metrics.update({f"lips-update-norm/{name}": value for name, value in norms.items()})
     if keep:

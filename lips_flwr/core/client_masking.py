@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .dots import difference_norm
 from .layers import candidate_names, is_candidate
 from .masking import mask_layers
 from .scores import needs_update
@@ -36,14 +37,31 @@ class MaskRequest(Protocol):
     def layers(self) -> tuple[int, ...]: ...
 
 
+def _update_operands(
+    received: Mapping[str, np.ndarray], trained: Mapping[str, np.ndarray]
+) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.dtype]]:
+    """``(name, trained, received, dtype)`` of every candidate tensor with a local update, whose
+    update is ``np.subtract(trained, received, dtype=dtype)``."""
+    for name in candidate_names(received):
+        if name in trained and np.shape(trained[name]) == received[name].shape:
+            yield name, trained[name], received[name], np.result_type(received[name], np.float32)
+
+
 def iter_local_update(
     received: Mapping[str, np.ndarray], trained: Mapping[str, np.ndarray]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """``(name, trained - received)`` for every candidate tensor, one at a time."""
-    for name in candidate_names(received):
-        if name in trained and np.shape(trained[name]) == received[name].shape:
-            dtype = np.result_type(received[name], np.float32)
-            yield name, np.subtract(trained[name], received[name], dtype=dtype)
+    for name, after, before, dtype in _update_operands(received, trained):
+        yield name, np.subtract(after, before, dtype=dtype)
+
+
+def local_update_norms(
+    received: Mapping[str, np.ndarray], trained: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """``update_norms(local_update(received, trained))``, bit for bit, without the updates' arrays
+    (:func:`.dots.difference_norm`): what a client reports when it keeps no update."""
+    return {name: difference_norm(after, before, dtype)
+            for name, after, before, dtype in _update_operands(received, trained)}
 
 
 def local_update(
@@ -93,4 +111,4 @@ def client_mask(
     return masked, zeros, score
 
 
-__all__ = ["MaskRequest", "client_mask", "iter_local_update", "local_update"]
+__all__ = ["MaskRequest", "client_mask", "iter_local_update", "local_update", "local_update_norms"]

@@ -10,7 +10,8 @@ import pytest
 from core_models import small_net  # noqa: F401 (fixture)
 
 from lips_flwr.core.layers import candidate_names
-from lips_flwr.core.client_masking import client_mask, local_update
+from lips_flwr.core.client_masking import client_mask, local_update, local_update_norms
+from lips_flwr.core.inertia import update_norms
 from lips_flwr.core.masking import num_zeros
 from lips_flwr.protocol import ClientRoundConfig
 from lips_flwr.protocol import parse_train_config as parse_round_config
@@ -55,6 +56,21 @@ def test_local_update_skips_missing_or_reshaped():
     upd = local_update(received, trained)
     assert list(upd) == ["a"]
     assert upd["a"].dtype == np.float32
+
+
+def test_local_update_norms_are_the_updates_norms_bit_for_bit_without_the_updates(small_net):
+    rng = np.random.default_rng(6)
+    large = {"big.weight": rng.normal(size=(256, 256, 3, 3)).astype(np.float32),  # beyond a block
+             "wide.weight": rng.normal(size=(300, 500)),  # float64
+             "half.weight": rng.normal(size=(400, 400)).astype(np.float16), "bias": np.zeros(3)}
+    received_small = {**small_net, "odd.weight": np.zeros((2, 2))}
+    for received in (small_net, received_small, large):
+        trained = trained_copy(received, scale=1e-3)
+        norms = local_update_norms(received, trained)
+        assert norms == update_norms(local_update(received, trained))
+        assert list(norms) == list(local_update(received, trained))
+    received = {"a": np.zeros((2, 2), np.float16), "b": np.zeros((3, 3)), "c": np.zeros((2, 2)), "bias": np.zeros(2)}
+    assert list(local_update_norms(received, {"a": np.ones((2, 2), np.float16), "b": np.ones((9,))})) == ["a"]
 
 
 # --------------------------------------------------------------------------- client_mask

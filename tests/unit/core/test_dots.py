@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lips_flwr.core import dots
-from lips_flwr.core.dots import CHUNK, dot, norm
+from lips_flwr.core.dots import BLOCK, CHUNK, dot, norm
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -110,3 +110,69 @@ def test_numpy_without_vecdot_gives_the_same_bits(monkeypatch):
 
 def test_this_numpys_vecdot_is_taken_when_it_exists():
     assert dots._VECDOT_AS_DOT is hasattr(np, "vecdot")
+
+
+def _whole_norm(x):
+    """The definition: the float64 copy of all of x's values, C order, then dot."""
+    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    return math.sqrt(dot(flat, flat))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_a_large_norm_turned_into_float64_a_block_at_a_time_has_the_whole_copys_bits(dtype):
+    rng = np.random.default_rng(21)
+    for size in (BLOCK - 1, BLOCK, BLOCK + 1, BLOCK + CHUNK, 3 * BLOCK + 777, 589_824):
+        x = (rng.normal(size=size) * 10.0 ** rng.uniform(-3, 3)).astype(dtype)
+        assert norm(x) == _whole_norm(x)
+    a = rng.normal(size=(256, 128, 3, 3)).astype(np.float32)
+    for layout in (a, np.asfortranarray(a), a[:, ::2], a.transpose(1, 0, 2, 3)):  # flattened in C order
+        assert norm(layout) == _whole_norm(layout)
+
+
+def test_a_blocks_buffer_is_kept_for_the_next_norm_and_not_shared_by_two_at_once(monkeypatch):
+    monkeypatch.setattr(dots, "_SPARE_BLOCKS", [])
+    x = np.random.default_rng(4).normal(size=2 * BLOCK + 5).astype(np.float32)
+    first = norm(x)
+    assert len(dots._SPARE_BLOCKS) == 1
+    kept = dots._SPARE_BLOCKS[0]
+    assert norm(x) == first and len(dots._SPARE_BLOCKS) == 1 and dots._SPARE_BLOCKS[0] is kept
+    taken: list = []
+    real_add = dots._add_parts
+
+    def nested(total, a, b):  # another norm while this one holds its buffer gets its own
+        if not taken:
+            taken.append(None)
+            taken[0] = norm(x)
+            assert len(dots._SPARE_BLOCKS) == 1 and dots._SPARE_BLOCKS[0] is not kept
+        return real_add(total, a, b)
+
+    monkeypatch.setattr(dots, "_add_parts", nested)
+    assert norm(x) == first == taken[0]
+    assert len(dots._SPARE_BLOCKS) == 2
+
+
+def test_norms_of_whole_numbers_and_lists_are_still_taken_whole():
+    assert norm(np.arange(BLOCK + 3)) == _whole_norm(np.arange(BLOCK + 3))
+    assert norm([3.0, 4.0]) == 5.0
+
+
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float16, np.float16),
+                                    (np.float32, np.float64), (np.float64, np.float32)])
+def test_a_difference_norm_is_the_norm_of_the_whole_difference_bit_for_bit(dtypes):
+    rng = np.random.default_rng(8)
+    for size in (10, BLOCK, BLOCK + 1, 2 * BLOCK + CHUNK + 3, 589_824):
+        received = rng.normal(size=size).astype(dtypes[0])
+        trained = (received + rng.normal(size=size) * 1e-3).astype(dtypes[1])
+        dtype = np.result_type(received, np.float32)
+        assert dots.difference_norm(trained, received, dtype) == norm(np.subtract(trained, received, dtype=dtype))
+    a = rng.normal(size=(256, 256, 3, 3)).astype(np.float32)
+    b = np.asfortranarray(a + 1e-3)
+    assert dots.difference_norm(b, a, np.float32) == norm(np.subtract(b, a, dtype=np.float32))
+    assert dots.difference_norm(b[::2], a[::2], np.float32) == norm(np.subtract(b[::2], a[::2], dtype=np.float32))
+
+
+def test_a_difference_norm_of_mismatched_or_whole_number_arrays_is_numpys():
+    with pytest.raises(ValueError):
+        dots.difference_norm(np.ones(BLOCK + 1), np.ones(BLOCK + 2), np.float64)
+    ints = np.arange(BLOCK + 5)
+    assert dots.difference_norm(ints, ints[::-1], np.int64) == norm(ints - ints[::-1])
