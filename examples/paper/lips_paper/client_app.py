@@ -179,13 +179,55 @@ def load_received(net: torch.nn.Module, record: ArrayRecord, targets: dict[str, 
             array.shape != (views[name].shape if name in views else targets[name].shape)
             for name, array in arrays.items()):
         raise_misfit(arrays, targets)
+    elsewhere = []  # (tensor, array) for the tensors without a view: on a GPU, or of a dtype numpy lacks
     with torch.no_grad():
         for name, array in arrays.items():
             view = views.get(name)
             if view is not None:  # (assignment casts as copy_ does, float64 to float32 and so on:
                 view[...] = array  # numpy's "unsafe" casting, as np.copyto's casting="unsafe", faster)
-            else:  # (np.array: torch wants a writable array, not the record's bytes)
-                targets[name].copy_(torch.from_numpy(np.array(array)))
+            else:
+                elsewhere.append((targets[name], array))
+        if elsewhere:
+            copy_in(elsewhere)
+
+
+def copy_in(pairs: list[tuple[torch.Tensor, np.ndarray]]) -> None:
+    """Copy each array into its tensor, cast as ``Tensor.copy_`` casts (under ``torch.no_grad()``).
+
+    The arrays of one dtype bound for one device are joined on the host and
+    moved in one transfer, then copied into their tensors there: a GPU
+    model's ~56 tensors cost one host-to-device copy per dtype, not one each,
+    every one of which waits for the device.
+    """
+    groups: dict[tuple[np.dtype, torch.device], list[tuple[torch.Tensor, np.ndarray]]] = {}
+    for tensor, array in pairs:
+        groups.setdefault((array.dtype, tensor.device), []).append((tensor, array))
+    for (_, device), group in groups.items():
+        # (a new, writable array, as torch wants: the record's are read-only views of its bytes)
+        joined = torch.from_numpy(np.concatenate([array.reshape(-1) for _, array in group])).to(device)
+        for (tensor, array), part in zip(group, joined.split([array.size for _, array in group])):
+            tensor.copy_(part.view(array.shape))
+
+
+def host_arrays(state: dict[str, torch.Tensor], views: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``{name: tensor.numpy(force=True)}`` of ``state``, in its order: the CPU tensors' ``views``
+    (:func:`cpu_views`); the others brought to the host joined, one transfer per dtype and device
+    rather than one per tensor (a dtype numpy lacks is its ``TypeError``, as ``numpy()``'s)."""
+    arrays: dict[str, np.ndarray] = {}
+    groups: dict[tuple[torch.dtype, torch.device], list[str]] = {}
+    for name, tensor in state.items():
+        if name in views:
+            arrays[name] = views[name]
+        else:
+            groups.setdefault((tensor.dtype, tensor.device), []).append(name)
+    for names in groups.values():
+        tensors = [state[name].detach() for name in names]
+        joined = torch.cat([tensor.reshape(-1) for tensor in tensors]).numpy(force=True)
+        start = 0
+        for name, tensor in zip(names, tensors):
+            arrays[name] = joined[start:start + tensor.numel()].reshape(tuple(tensor.shape))
+            start += tensor.numel()
+    return {name: arrays[name] for name in state}
 
 
 def raise_misfit(arrays: dict[str, np.ndarray], targets: dict[str, torch.Tensor]) -> NoReturn:
@@ -302,8 +344,7 @@ def train(msg: Message, context: Context) -> Message:
             metrics.update(accuracies(net, val, test, "before"))
         # Serialized (copied) here, before the model goes back for another call; as ViewedArrays,
         # which the mods and, on the batched Grid, the server read without parsing them again.
-        arrays = numpy_to_record({k: lent.views[k] if k in lent.views else v.numpy(force=True)
-                                  for k, v in lent.state.items()}, viewed=True)
+        arrays = numpy_to_record(host_arrays(lent.state, lent.views), viewed=True)
     release(train_set[0].device.type)
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 

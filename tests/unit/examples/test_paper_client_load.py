@@ -13,7 +13,7 @@ from lips_flwr.experiments.task.models import build_model
 from test_paper_tools import PAPER
 
 sys.path.insert(0, str(PAPER))
-from lips_paper.client_app import load_received  # noqa: E402
+from lips_paper.client_app import cpu_views, host_arrays, load_received  # noqa: E402
 
 
 def received(seed: int) -> dict[str, np.ndarray]:
@@ -30,15 +30,17 @@ def received(seed: int) -> dict[str, np.ndarray]:
     return state
 
 
-def loaded_both_ways(state: dict[str, np.ndarray], monkeypatch) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """``state`` loaded by ``load_received`` (which must not call ``load_state_dict``) and by ``load_state_dict``."""
+def loaded_both_ways(state: dict[str, np.ndarray], monkeypatch,
+                     views: dict | None = None) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``state`` loaded by ``load_received`` (which must not call ``load_state_dict``) and by ``load_state_dict``;
+    ``views={}``: as if no tensor had a numpy view (a GPU model's), every one copied in by ``copy_in``."""
     ours, theirs = build_model("fashion-cnn", 10, 1), build_model("fashion-cnn", 10, 1)
 
     def refuse(*args, **kwargs):
         raise AssertionError("load_state_dict called")
 
     monkeypatch.setattr(ours, "load_state_dict", refuse)
-    load_received(ours, numpy_to_record(state))
+    load_received(ours, numpy_to_record(state), views=views)
     theirs.load_state_dict({name: torch.from_numpy(np.array(array)) for name, array in state.items()})
     return ours, theirs
 
@@ -104,3 +106,45 @@ def test_a_tensor_given_another_layout_in_the_same_memory_or_a_dtype_numpy_lacks
     load_received(net, numpy_to_record(state))
     assert torch.equal(net.get_parameter("conv2.0.weight"), torch.from_numpy(state["conv2.0.weight"]))
     assert torch.equal(bn.running_var, torch.from_numpy(state["conv1.1.running_var"]).to(torch.bfloat16))
+
+
+def test_tensors_without_a_view_get_their_arrays_joined_one_transfer_per_dtype_bit_for_bit(monkeypatch):
+    # views={}: the path of a model on a GPU (numpy views only CPU tensors), taken here on the CPU.
+    state = received(1)
+    joined = []
+    from_numpy = torch.from_numpy
+    with monkeypatch.context() as counting:
+        counting.setattr(torch, "from_numpy", lambda array: joined.append(array.dtype) or from_numpy(array))
+        load_received(build_model("fashion-cnn", 10, 1), numpy_to_record(state), views={})
+    assert sorted(map(str, joined)) == ["float32", "int64"]  # one host array per dtype, not one per tensor
+    ours, theirs = loaded_both_ways(state, monkeypatch, views={})
+    for name, tensor in ours.state_dict().items():
+        assert tensor.numpy().tobytes() == state[name].tobytes(), name
+        assert torch.equal(tensor, theirs.state_dict()[name]), name
+    cast = {name: np.asfortranarray(array.astype(np.float64)) if array.dtype.kind == "f" else array
+            for name, array in received(3).items()}
+    ours, theirs = loaded_both_ways(cast, monkeypatch, views={})
+    for name, tensor in ours.state_dict().items():
+        assert tensor.dtype == theirs.state_dict()[name].dtype
+        assert torch.equal(tensor, theirs.state_dict()[name]), name
+    assert all(p.requires_grad for p in ours.parameters())
+
+
+def test_host_arrays_are_the_tensors_numpy_in_order_one_transfer_per_dtype_without_views(monkeypatch):
+    net = build_model("fashion-cnn", 10, 1)
+    load_received(net, numpy_to_record(received(4)))
+    state = net.state_dict(keep_vars=True)
+    expected = {name: tensor.numpy(force=True) for name, tensor in state.items()}
+    cats = []
+    cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda tensors: cats.append(len(tensors)) or cat(tensors))
+    for views in ({}, cpu_views(net, state)):
+        arrays = host_arrays(state, views)
+        assert list(arrays) == list(state)
+        for name, array in arrays.items():
+            assert array.shape == expected[name].shape and array.dtype == expected[name].dtype, name
+            assert array.tobytes() == expected[name].tobytes(), name
+    assert len(cats) == 2 and sum(cats) == len(state)  # without views: one per dtype; with them, none
+    net.get_submodule("conv1.1").running_var.data = torch.ones(16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError):  # numpy has no bfloat16, as tensor.numpy() says
+        host_arrays(net.state_dict(keep_vars=True), {})
