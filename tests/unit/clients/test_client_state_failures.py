@@ -211,6 +211,17 @@ def test_long_partition_ids_never_share_a_file():
     assert all(len(n.encode()) <= 160 for n in names)
 
 
+def test_a_clients_file_is_made_once_per_folder_run_and_client_and_each_its_own():
+    folder = Path("/state")
+    first = state_path(_context(folder, 3), {"lips-run-key": KEY})
+    assert state_path(_context(folder, 3), {"lips-run-key": KEY}) is first  # (kept: no Path parsed again)
+    assert first == folder / f"lips-client-{KEY}-3.npz"
+    others = [state_path(_context(folder, 4), {"lips-run-key": KEY}),
+              state_path(_context(Path("/other"), 3), {"lips-run-key": KEY}),
+              state_path(_context(folder, 3), {"lips-run-key": "b" * 32})]
+    assert len({first, *others}) == 4
+
+
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 

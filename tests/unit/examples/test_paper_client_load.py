@@ -13,7 +13,8 @@ from lips_flwr.experiments.task.models import build_model
 from test_paper_tools import PAPER
 
 sys.path.insert(0, str(PAPER))
-from lips_paper.client_app import cpu_views, host_arrays, load_received  # noqa: E402
+from lips_paper import client_app  # noqa: E402
+from lips_paper.client_app import cpu_views, device_of, host_arrays, load_received  # noqa: E402
 
 
 def received(seed: int) -> dict[str, np.ndarray]:
@@ -148,3 +149,17 @@ def test_host_arrays_are_the_tensors_numpy_in_order_one_transfer_per_dtype_witho
     net.get_submodule("conv1.1").running_var.data = torch.ones(16, dtype=torch.bfloat16)
     with pytest.raises(TypeError):  # numpy has no bfloat16, as tensor.numpy() says
         host_arrays(net.state_dict(keep_vars=True), {})
+
+
+def test_the_auto_device_is_asked_of_torch_once(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    client_app._device.cache_clear()
+    try:
+        assert [device_of({"device": d}) for d in ("auto", "auto", "cpu")] == [torch.device("cpu")] * 3
+        assert len(asked) == 1
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        client_app._device.cache_clear()
+        assert device_of({"device": "auto"}) == torch.device("cuda")
+    finally:
+        client_app._device.cache_clear()  # (the answer of this machine for the tests after)
