@@ -27,6 +27,7 @@ import numpy as np
 CHUNK = 8192  # terms per BLAS call: below OpenBLAS's threshold for threads (10,000 terms)
 BLOCK = 16 * CHUNK  # values :func:`norm` turns into float64 at a time (1 MiB), whole chunks
 _SPARE_BLOCKS: list[np.ndarray] = []  # norm's float64 buffers of BLOCK values, between calls
+_SELF_CHECKED = (np.dtype(np.float32), np.dtype(np.float64))  # what np.vecdot may sum (_rows_alike)
 
 
 def dot(x: np.ndarray, y: np.ndarray) -> float:
@@ -57,23 +58,22 @@ def _add_parts(total: float, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _rows_alike(x: np.ndarray, y: np.ndarray) -> bool:
-    """Whether np.vecdot over CHUNK-term rows of ``x`` and ``y`` gives np.dot's parts: real floats
-    (vecdot conjugates complex ones) of one dtype (no cast buffer), both contiguous (the strides
-    that np.dot hands BLAS)."""
-    return (x.dtype.kind == "f" and x.dtype == y.dtype
-            and x.flags.c_contiguous and y.flags.c_contiguous)
+    """Whether np.vecdot over CHUNK-term rows of ``x`` and ``y`` gives np.dot's parts: float32 or
+    float64 (the dtypes checked at import; vecdot conjugates complex ones, and a longdouble's parts
+    would stay longdouble), one dtype (no cast buffer), both contiguous (the strides np.dot hands BLAS)."""
+    return x.dtype in _SELF_CHECKED and x.dtype == y.dtype and x.flags.c_contiguous and y.flags.c_contiguous
 
 
 def _vecdot_is_np_dot() -> bool:
-    """Whether this numpy has ``np.vecdot`` (2.0 and later) and it gives ``np.dot``'s bits on rows
-    (checked once at import, on made-up rows of 1,000 terms in both float dtypes: ~0.1 ms)."""
+    """Whether this numpy has ``np.vecdot`` (2.0 and later) and it gives ``np.dot``'s bits on rows of
+    :data:`CHUNK` terms in both float dtypes (checked once, on made-up values, at import: ~0.2 ms)."""
     if not hasattr(np, "vecdot"):
         return False
-    terms = np.arange(2000, dtype=np.float64)
-    for dtype in (np.float32, np.float64):
+    terms = np.arange(2 * CHUNK, dtype=np.float64)
+    for dtype in _SELF_CHECKED:
         x, y = ((terms * 0.7071) % 3.3 - 1.6).astype(dtype), ((terms * 0.3183) % 2.9 - 1.3).astype(dtype)
-        rows = np.vecdot(x.reshape(2, 1000), y.reshape(2, 1000)).tolist()
-        if rows != [float(np.dot(x[:1000], y[:1000])), float(np.dot(x[1000:], y[1000:]))]:
+        rows = np.vecdot(x.reshape(2, CHUNK), y.reshape(2, CHUNK)).tolist()
+        if rows != [float(np.dot(x[:CHUNK], y[:CHUNK])), float(np.dot(x[CHUNK:], y[CHUNK:]))]:
             return False
     return True
 
@@ -89,7 +89,8 @@ def norm(x: np.ndarray) -> float:
     block at a time, in a buffer kept for the next call, rather than whole: a
     new float64 copy of a large layer costs more in page faults than its dot
     product (ResNet8's 1.26M values: ~2 ms a training call in a batched run).
-    The parts and their sum are the same.
+    The parts and their sum are the same. (An array that is not C-contiguous
+    is first flattened, a copy in its own dtype.)
     """
     x = np.asarray(x)
     if x.dtype.kind != "f" or x.size <= BLOCK:
@@ -118,7 +119,10 @@ def difference_norm(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> float:
 def _blockwise_norm(size: int, fill: Callable[[int, np.ndarray], object]) -> float:
     """``sqrt`` of the in-order parts of ``size`` float64 values that ``fill(start, block)`` writes
     into ``block`` (the values from ``start`` on), a :data:`BLOCK` at a time into a kept buffer."""
-    buffer = _SPARE_BLOCKS.pop() if _SPARE_BLOCKS else np.empty(BLOCK, dtype=np.float64)
+    try:
+        buffer = _SPARE_BLOCKS.pop()  # (one step: another thread cannot take it between test and pop)
+    except IndexError:
+        buffer = np.empty(BLOCK, dtype=np.float64)
     try:
         total = 0.0
         for start in range(0, size, BLOCK):  # (BLOCK is whole chunks: the parts of the whole array)

@@ -64,7 +64,7 @@ def device_of(cfg) -> torch.device:
     return _device(str(cfg["device"]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device(wanted: str) -> torch.device:
     """(Once per name: ``torch.cuda.is_available()`` asks the driver, ~10 us of every call.)"""
     if wanted == "auto":

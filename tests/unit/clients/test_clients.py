@@ -14,6 +14,7 @@ from flwr.client import NumPyClient
 from flower_fakes import MIDDLE, task_identity, tiny_model, to_numpy, to_record  # noqa: F401
 from lips_flwr.clients import LIPSNumPyClient, fedbn_mod, lips_mod, make_fedbn_mod
 from lips_flwr.core.layers import batch_norm_names
+from lips_flwr.protocol import parse_train_config as parse_round
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 NAMES = list(tiny_model())
@@ -70,6 +71,24 @@ def test_lips_mod_reports_update_norms_and_keeps_server_mode_models_intact():
     assert "lips-update-norm/bn1.weight" not in metrics  # candidates only
     assert metrics["num-examples"] == 10
     assert "lips-signal" not in ctx.state  # only client mode needs the signal
+
+
+def test_server_mode_reports_the_update_norms_of_client_mode_without_making_the_updates(monkeypatch):
+    from lips_flwr.clients import state
+    from lips_flwr.core.client_masking import local_update
+
+    model = tiny_model()
+    trained = {k: v + FakeApp().update_for(model).get(k, 0) for k, v in model.items()}
+    kept = state.after_training(RecordDict(), model, trained, parse_round(lips_config(1, mode="client")))
+
+    def refuse(*args):
+        raise AssertionError("server mode made the updates")
+
+    monkeypatch.setattr(state, "iter_local_update", refuse)
+    reported = state.after_training(RecordDict(), model, trained, parse_round(lips_config(1, mode="server")))
+    assert reported == kept  # every norm, bit for bit
+    per_layer = {f"lips-update-norm/{name}" for name in local_update(model, trained)}
+    assert set(reported) == {"lips-update-norm", *per_layer}
 
 
 def test_client_mode_first_round_falls_back_to_magnitude():

@@ -69,7 +69,8 @@ def test_local_update_norms_are_the_updates_norms_bit_for_bit_without_the_update
         norms = local_update_norms(received, trained)
         assert norms == update_norms(local_update(received, trained))
         assert list(norms) == list(local_update(received, trained))
-    received = {"a": np.zeros((2, 2), np.float16), "b": np.zeros((3, 3)), "c": np.zeros((2, 2)), "bias": np.zeros(2)}
+    received = {"a": np.zeros((2, 2), np.float16), "b": np.zeros((3, 3)), "c": np.zeros((2, 2)),
+                "bias": np.zeros(2)}
     assert list(local_update_norms(received, {"a": np.ones((2, 2), np.float16), "b": np.ones((9,))})) == ["a"]
 
 

@@ -112,6 +112,13 @@ def test_this_numpys_vecdot_is_taken_when_it_exists():
     assert dots._VECDOT_AS_DOT is hasattr(np, "vecdot")
 
 
+def test_other_float_dtypes_keep_the_chunk_by_chunk_loop_and_a_python_float():
+    for dtype in (np.float16, np.longdouble):  # (not checked at import; a longdouble's parts stay longdouble)
+        x = np.random.default_rng(9).normal(size=3 * CHUNK + 5).astype(dtype)
+        assert not dots._rows_alike(x, x)
+        assert dot(x, x) == _parts_in_order(x, x) and type(dot(x, x)) is float
+
+
 def _whole_norm(x):
     """The definition: the float64 copy of all of x's values, C order, then dot."""
     flat = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
@@ -156,19 +163,22 @@ def test_norms_of_whole_numbers_and_lists_are_still_taken_whole():
     assert norm([3.0, 4.0]) == 5.0
 
 
-@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float16, np.float16),
-                                    (np.float32, np.float64), (np.float64, np.float32)])
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
+                                    (np.float16, np.float16), (np.float32, np.float64),
+                                    (np.float64, np.float32)])
 def test_a_difference_norm_is_the_norm_of_the_whole_difference_bit_for_bit(dtypes):
     rng = np.random.default_rng(8)
     for size in (10, BLOCK, BLOCK + 1, 2 * BLOCK + CHUNK + 3, 589_824):
         received = rng.normal(size=size).astype(dtypes[0])
         trained = (received + rng.normal(size=size) * 1e-3).astype(dtypes[1])
         dtype = np.result_type(received, np.float32)
-        assert dots.difference_norm(trained, received, dtype) == norm(np.subtract(trained, received, dtype=dtype))
+        whole = np.subtract(trained, received, dtype=dtype)
+        assert dots.difference_norm(trained, received, dtype) == norm(whole)
     a = rng.normal(size=(256, 256, 3, 3)).astype(np.float32)
     b = np.asfortranarray(a + 1e-3)
     assert dots.difference_norm(b, a, np.float32) == norm(np.subtract(b, a, dtype=np.float32))
-    assert dots.difference_norm(b[::2], a[::2], np.float32) == norm(np.subtract(b[::2], a[::2], dtype=np.float32))
+    strided = np.subtract(b[::2], a[::2], dtype=np.float32)
+    assert dots.difference_norm(b[::2], a[::2], np.float32) == norm(strided)
 
 
 def test_a_difference_norm_of_mismatched_or_whole_number_arrays_is_numpys():

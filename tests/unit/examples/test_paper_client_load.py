@@ -33,8 +33,9 @@ def received(seed: int) -> dict[str, np.ndarray]:
 
 def loaded_both_ways(state: dict[str, np.ndarray], monkeypatch,
                      views: dict | None = None) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """``state`` loaded by ``load_received`` (which must not call ``load_state_dict``) and by ``load_state_dict``;
-    ``views={}``: as if no tensor had a numpy view (a GPU model's), every one copied in by ``copy_in``."""
+    """``state`` loaded by ``load_received`` (which must not call ``load_state_dict``) and by
+    ``load_state_dict``; ``views={}``: as if no tensor had a numpy view (a GPU model's), every one
+    copied in by ``copy_in``."""
     ours, theirs = build_model("fashion-cnn", 10, 1), build_model("fashion-cnn", 10, 1)
 
     def refuse(*args, **kwargs):
