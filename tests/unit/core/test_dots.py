@@ -112,6 +112,13 @@ def test_this_numpys_vecdot_is_taken_when_it_exists():
     assert dots._VECDOT_AS_DOT is hasattr(np, "vecdot")
 
 
+def test_the_import_check_refuses_a_vecdot_that_sums_otherwise(monkeypatch):
+    if not hasattr(np, "vecdot"):
+        pytest.skip("numpy < 2.0 has no vecdot")
+    monkeypatch.setattr(np, "vecdot", lambda a, b: np.einsum("ij,ij->i", a, b))  # another order of terms
+    assert dots._vecdot_is_np_dot() is False
+
+
 def test_other_float_dtypes_keep_the_chunk_by_chunk_loop_and_a_python_float():
     for dtype in (np.float16, np.longdouble):  # (not checked at import; a longdouble's parts stay longdouble)
         x = np.random.default_rng(9).normal(size=3 * CHUNK + 5).astype(dtype)
