@@ -34,6 +34,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module()))  # the bookkeeping every module
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 _FORWARD_HOOKS = ("_forward_pre_hooks", "_forward_hooks")  # applied by the stacked computation
 _BACKWARD_HOOKS = ("_backward_pre_hooks", "_backward_hooks")  # not applied by it
+_HOOK_KINDS = {hooks: hooks.strip("_").replace("_", " ") for hooks in _FORWARD_HOOKS}  # as entries name them
 
 Entry = tuple[str, str, Any]  # (what: "module 'conv1'", which: "class", value)
 
@@ -67,29 +68,45 @@ def model_signature(net: nn.Module) -> list[Entry]:
     loop will. Two models may be stacked when their signatures are equal.
     """
     entries: list[Entry] = []
-    for name, module in net.named_modules():
+    modules = list(net.named_modules())  # (one walk of the tree: the parameters and buffers follow it)
+    for name, module in modules:
         what = f"module {name!r}"
         entries.append((what, "class", type(module)))
         entries.append((what, "training mode", module.training))
-        entries += [(what, key, _plain(value)) for key, value in sorted(vars(module).items())
-                    if key not in _MODULE_INTERNALS]  # its settings: momentum, p, stride...
+        entries += [(what, key, _plain(value)) for key, value in sorted(
+            item for item in vars(module).items() if item[0] not in _MODULE_INTERNALS)]  # momentum, p...
         for hooks in _FORWARD_HOOKS:
-            entries.append((what, hooks.strip("_").replace("_", " "), _hooks(module, hooks)))
+            entries.append((what, _HOOK_KINDS[hooks], _hooks(module, hooks)))
         backward = any(getattr(module, hooks) for hooks in _BACKWARD_HOOKS)
         entries.append((what, "backward hooks", Alone(f"backward hooks on module {name!r}", id(net))
                         if backward else ()))
-    for name, param in net.named_parameters():
+    for name, param in _members(modules, "_parameters"):
         what = f"parameter {name!r}"
         entries += [(what, "shape", tuple(param.shape)), (what, "dtype", param.dtype),
                     (what, "device", param.device), (what, "requires_grad", param.requires_grad)]
         tensor_hooks = param._backward_hooks or getattr(param, "_post_accumulate_grad_hooks", None)
         entries.append((what, "tensor hooks", Alone(f"tensor hooks on parameter {name!r}", id(net))
                         if tensor_hooks else ()))
-    for name, buffer in net.named_buffers():
+    for name, buffer in _members(modules, "_buffers"):
         what = f"buffer {name!r}"
         entries += [(what, "shape", tuple(buffer.shape)), (what, "dtype", buffer.dtype),
                     (what, "device", buffer.device)]
     return entries
+
+
+def _members(modules: list[tuple[str, nn.Module]], kind: str) -> list[tuple[str, torch.Tensor]]:
+    """``net.named_parameters()`` (``kind="_parameters"``) or ``net.named_buffers()`` (``"_buffers"``)
+    from ``net.named_modules()``, as torch makes them: each module's own in order, none that is
+    ``None``, a tensor that two modules share named once, where it is met first."""
+    seen: set[int] = set()
+    members = []
+    for prefix, module in modules:
+        for key, tensor in getattr(module, kind).items():
+            if tensor is None or id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            members.append((f"{prefix}.{key}" if prefix else key, tensor))
+    return members
 
 
 def alone_reason(signature: list[Entry]) -> str | None:
@@ -117,6 +134,8 @@ def difference(a: list[Entry], b: list[Entry]) -> str | None:
 def _hooks(module: nn.Module, attribute: str) -> tuple[Hook, ...]:
     """The module's hooks of one kind, in order, with how each is called (kwargs, always)."""
     registered = getattr(module, attribute)
+    if not registered:  # (most modules have none)
+        return ()
     with_kwargs = getattr(module, attribute + "_with_kwargs", {})
     always = getattr(module, "_forward_hooks_always_called", {}) if attribute == "_forward_hooks" else {}
     return tuple(Hook(_name(hook), (_identity(hook), key in with_kwargs, key in always))

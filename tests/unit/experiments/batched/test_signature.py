@@ -174,3 +174,28 @@ def test_the_grid_warns_once_per_run_naming_what_differs(caplog):
     assert "node 1002" in warnings[0] and "parameter 'conv1.weight'" in warnings[0]
     assert "requires_grad" in warnings[0] and "False vs True" in warnings[0]
     assert (grid.stacked_calls, grid.one_by_one_calls) == (4, 2)
+
+
+def test_a_signatures_parameters_and_buffers_are_named_and_ordered_as_torch_names_them():
+    # One walk of the module tree gives what net.named_parameters() / named_buffers() give: shared
+    # tensors and a module met twice named once, where first met; a None bias left out.
+    from lips_flwr.experiments.batched.signature import model_signature
+
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 4))
+    shared = nn.Linear(4, 4)
+    net.append(shared)
+    net.append(nn.Sequential(shared, nn.ReLU()))  # the same module twice
+    net.append(nn.Linear(4, 4))
+    net[-1].weight = net[3].weight  # a tied weight
+    net[1].register_buffer("twin", net[1].running_mean)  # a buffer under two names in one module
+    for model in (net, DigitsCNN(), nn.Linear(2, 2)):
+        signature = model_signature(model)
+        params = [what[len("parameter "):] for what, which, _ in signature if which == "requires_grad"]
+        assert params == [repr(name) for name, _ in model.named_parameters()]
+        buffers = [what[len("buffer "):] for what, which, _ in signature
+                   if what.startswith("buffer ") and which == "device"]
+        assert buffers == [repr(name) for name, _ in model.named_buffers()]
+        shapes = [value for what, which, value in signature if which == "shape"]
+        assert shapes == [tuple(t.shape) for _, t in [*model.named_parameters(), *model.named_buffers()]]
+        modules = [what[len("module "):] for what, which, _ in signature if which == "class"]
+        assert modules == [repr(name) for name, _ in model.named_modules()]
