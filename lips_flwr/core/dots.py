@@ -100,7 +100,7 @@ def norm(x: np.ndarray) -> float:
         return math.sqrt(dot(flat, flat))
     values = np.ravel(x)  # (C order: a view of a C-contiguous array, else a copy in x's own dtype)
     if values.dtype == np.float64:
-        return math.sqrt(_add_parts(0.0, values, values))
+        return math.sqrt(dot(values, values))
     return _blockwise_norm(values.shape[0],
                            lambda start, block: np.copyto(block, values[start:start + BLOCK]))
 

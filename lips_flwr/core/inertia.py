@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from .dots import dot, norm
+from .dots import difference_norm, dot, norm
 
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
@@ -39,10 +39,11 @@ def relative_step(current: np.ndarray, start: np.ndarray) -> float | None:
     (:mod:`lips_flwr.experiments.runner.observe`) both call it, and each says
     what it makes of ``None``.
     """
-    before = np.asarray(start, dtype=np.float64).reshape(-1)
-    after = np.asarray(current, dtype=np.float64).reshape(-1)
-    size = norm(before)
-    return norm(after - before) / size if size > 0 else None
+    size = norm(start)
+    if not size > 0:  # (zero, or NaN)
+        return None
+    # (the difference in float64, a block at a time for a large layer: no float64 copies of the two)
+    return difference_norm(np.ravel(current), np.ravel(start), np.dtype(np.float64)) / size
 
 
 def relative_steps(

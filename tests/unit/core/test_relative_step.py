@@ -96,3 +96,21 @@ def test_the_tracker_itself_is_unchanged():
     tracker.update(1, PREVIOUS, ["first.weight"])
     assert set(tracker.update(2, AGGREGATE, ["first.weight"])) == {
         "inertia-cos-t0/first.weight", "inertia-cos-prev/first.weight", "inertia-step/first.weight"}
+
+
+def test_a_large_layers_step_is_the_float64_formula_bit_for_bit():
+    # relative_step takes the difference a block at a time (dots.difference_norm): the same bits as
+    # the whole float64 arrays, for float32 and float64 layers, any layout, and None for a NaN norm.
+    from lips_flwr.core.dots import norm
+
+    rng = np.random.default_rng(12)
+    start = rng.normal(size=(256, 256, 3, 3)).astype(np.float32)
+    for dtype in (np.float32, np.float64):
+        before = start.astype(dtype)
+        after = (before + rng.normal(size=before.shape) * 1e-3).astype(dtype)
+        for now, then in ((after, before), (np.asfortranarray(after), before), (after[::2], before[::2])):
+            b64, a64 = np.asarray(then, np.float64).reshape(-1), np.asarray(now, np.float64).reshape(-1)
+            assert relative_step(now, then) == norm(a64 - b64) / norm(b64)
+    nan = start.copy()
+    nan[0, 0, 0, 0] = np.nan
+    assert relative_step(start, nan) is None and relative_step(start, np.zeros_like(start)) is None
