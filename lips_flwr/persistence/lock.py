@@ -136,8 +136,27 @@ def lock_checkpoint(path: str | os.PathLike) -> CheckpointLock:
                     raise ValueError(busy % f"a strategy of this process, thread {holder.thread.name}")
             else:
                 return _lock_file(path, lock_path, key, busy)
-        gc.collect()  # a crashed run's strategy in a reference cycle: collect it, then look again
+        # A crashed run's strategy in a reference cycle: collect it, then look again (without a reference
+        # of ours to its lock, which would keep the lock alive through the collection).
+        holder = None
+        _collect_frozen_too()
     raise AssertionError("unreachable")
+
+
+def _collect_frozen_too() -> None:
+    """``gc.collect()`` of the objects ``gc.freeze()`` keeps out of collections too, frozen again after.
+
+    Something may have frozen the objects the process held (a batched run does while it runs): a
+    crashed run's strategy among them, garbage since, would otherwise stay, and hold its lock.
+    """
+    frozen = gc.get_freeze_count() > 0
+    if frozen:
+        gc.unfreeze()
+    try:
+        gc.collect()
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def _lock_file(path: str, lock_path: Path, key: str, busy: str) -> CheckpointLock:

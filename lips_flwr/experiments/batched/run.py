@@ -61,21 +61,25 @@ def run_batched(
 
 @contextlib.contextmanager
 def _older_objects_frozen() -> Iterator[None]:
-    """Within the block, the objects that live when it starts are left out of every collection
-    (``gc.freeze()``), after one full collection; on exit they are collected as before (``gc.unfreeze()``).
+    """Within the block, the tracked objects that survive one full collection at its start are left
+    out of every collection (``gc.freeze()``); on exit they are collected as before (``gc.unfreeze()``).
 
     A run's calls make and drop many objects, which set off full collections now and then; each
-    walks every object of the process, and torch, Flower and the app hold ~350,000 before the first
-    round: 100-200 ms a collection, a few rounds apart (0.1-0.3 ms of every client call). The
-    objects a run makes are still collected: a full collection walks only them. Nothing is done
-    where the collector is off or something else froze objects already (its ``unfreeze`` is its own).
+    walks every tracked object of the process, and torch, Flower and the app hold hundreds of
+    thousands before the first round (benchmarks/README.md section 8: ~350,000, 100-200 ms a
+    collection on the development machine). Frozen, a full collection walks only the objects the
+    run made. The price: the one collection at the start, and cycles of objects older than the run
+    that become garbage during it are freed only after it. Nothing is done where the collector is
+    off or objects are frozen already: unfreezing those is left to whatever froze them. (On exit,
+    ``gc.unfreeze()`` also unfreezes what the run itself froze, and with two runs in threads at once
+    the other run goes on unfrozen: slower, never wrong.)
     """
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.collect()  # (what is garbage now, a crashed run's strategy in a cycle, is not kept for the run)
-    gc.freeze()
     try:
+        gc.freeze()  # (in the try: a Ctrl-C right after it still unfreezes)
         yield
     finally:
         gc.unfreeze()

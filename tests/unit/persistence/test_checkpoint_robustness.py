@@ -16,6 +16,7 @@ Issue "No client can end a run, nothing is silently corrupted", checkpoint side:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from unittest.mock import Mock
 
@@ -558,3 +560,39 @@ def test_a_damaged_history_line_is_a_value_error(tmp_path, task_identity):
     sidecar.write_text("".join(lines))
     with pytest.raises(ValueError, match="not a number"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["collected", "frozen-then-collected"])
+def test_a_crashed_runs_strategy_in_a_reference_cycle_gives_its_lock_up(tmp_path, frozen):
+    """Its thread lives on (a notebook's, a server's), the strategy is garbage in a cycle, not collected
+    yet; frozen with the objects the process held (``gc.freeze()``: a batched run freezes them)."""
+    from lips_flwr.persistence.lock import lock_checkpoint
+
+    path, made, done = tmp_path / "lips.npz", threading.Event(), threading.Event()
+    held: list = []
+
+    def crashed_run() -> None:
+        strategy: list = [lock_checkpoint(path)]
+        strategy.append(strategy)  # the cycle: only a full collection frees it
+        held.append(weakref.ref(strategy[0]))
+        del strategy
+        made.set()
+        done.wait(60)  # the thread lives on
+
+    gc.disable()  # (no collection of its own before the lock is asked for)
+    thread = threading.Thread(target=crashed_run)
+    thread.start()
+    try:
+        assert made.wait(60)
+        if frozen:
+            gc.freeze()
+        assert held[0]() is not None and held[0]().held  # garbage, not collected, its lock held
+        lock = lock_checkpoint(path)
+        assert lock.held and held[0]() is None
+        lock.release()
+    finally:
+        if frozen:
+            gc.unfreeze()
+        gc.enable()
+        done.set()
+        thread.join()

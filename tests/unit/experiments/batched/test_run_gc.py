@@ -6,7 +6,6 @@ import gc
 import weakref
 
 import pytest
-from flower_fakes import task_identity  # noqa: F401
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -24,9 +23,9 @@ class Cycle:
 
 @pytest.fixture(autouse=True)
 def nothing_frozen():
-    assert gc.isenabled() and gc.get_freeze_count() == 0  # (as the test process starts)
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "collector off or objects frozen before the test"
     yield
-    assert gc.get_freeze_count() == 0  # no test leaves objects frozen
+    assert gc.get_freeze_count() == 0, "the test left objects frozen"
 
 
 def test_the_objects_alive_at_the_start_are_frozen_inside_and_collected_as_before_after():
@@ -51,9 +50,10 @@ def test_garbage_of_before_the_block_is_collected_first_not_kept_for_the_block()
         assert garbage() is None
 
 
-def test_an_error_in_the_block_still_unfreezes():
-    with pytest.raises(KeyError), _older_objects_frozen():
-        raise KeyError("boom")
+@pytest.mark.parametrize("error", [KeyError, KeyboardInterrupt])
+def test_an_error_in_the_block_still_unfreezes(error):
+    with pytest.raises(error), _older_objects_frozen():
+        raise error("boom")
     assert gc.get_freeze_count() == 0
 
 
@@ -95,3 +95,20 @@ def test_a_batched_run_freezes_while_its_server_app_runs_and_unfreezes_after(eng
     run_batched(server, client, run_config={}, num_nodes=2, engine=engine)
     assert [who for who, _ in seen] == ["server", "client", "client"]
     assert all(count > 0 for _, count in seen)
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_run_inside_a_run_leaves_the_outer_runs_freeze_alone():
+    inner_ran: list[int] = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        count = gc.get_freeze_count()
+        inner = ServerApp()
+        inner.main()(lambda grid, context: inner_ran.append(gc.get_freeze_count()))
+        run_batched(inner, ClientApp(), run_config={}, num_nodes=1, engine="sequential")
+        assert inner_ran == [count] and gc.get_freeze_count() == count > 0
+
+    run_batched(server, ClientApp(), run_config={}, num_nodes=1, engine="sequential")
+    assert inner_ran and gc.get_freeze_count() == 0
