@@ -82,7 +82,9 @@ def test_update_norms_are_np_linalg_norm_bit_for_bit_up_to_a_chunk_and_its_chunk
     rng = np.random.default_rng(7)
     update = (rng.normal(size=shape) * 1e-3).astype(dtype)
     for u in (update, np.asfortranarray(update), np.repeat(update.reshape(-1), 2)[::2]):  # (strided too)
-        flat = np.asarray(u, dtype=np.float64).reshape(-1)
+        # The values in C order as one contiguous float64 vector, as np.linalg.norm ravels them: a dot of
+        # a strided view runs another BLAS kernel, whose last bits may differ (OpenBLAS 0.3.23, AVX-512).
+        flat = np.ascontiguousarray(u, dtype=np.float64).reshape(-1)
         expected = float(np.linalg.norm(flat))
         if flat.size <= CHUNK:
             assert update_norms({"layer": u}) == {"layer": expected}

@@ -64,14 +64,24 @@ def test_nothing_is_done_where_the_collector_is_off_or_something_else_froze_obje
             assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+    # (By what is collected, not by gc.get_freeze_count(): frozen objects that die leave the count.)
+    older = Cycle()
+    caller_frozen = weakref.ref(older)
     gc.freeze()
     try:
-        count = gc.get_freeze_count()
+        newer = Cycle()  # made after the caller's freeze: not frozen
+        not_frozen = weakref.ref(newer)
         with _older_objects_frozen():
-            assert gc.get_freeze_count() == count
-        assert gc.get_freeze_count() == count  # the caller's freeze is the caller's to undo
+            del newer
+            gc.collect()
+            assert not_frozen() is None  # the block froze nothing more
+        del older
+        gc.collect()
+        assert caller_frozen() is not None  # nor unfroze anything: that is the caller's to do
     finally:
         gc.unfreeze()
+    gc.collect()
+    assert caller_frozen() is None
 
 
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
@@ -104,11 +114,11 @@ def test_a_run_inside_a_run_leaves_the_outer_runs_freeze_alone():
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        count = gc.get_freeze_count()
         inner = ServerApp()
         inner.main()(lambda grid, context: inner_ran.append(gc.get_freeze_count()))
         run_batched(inner, ClientApp(), run_config={}, num_nodes=1, engine="sequential")
-        assert inner_ran == [count] and gc.get_freeze_count() == count > 0
+        assert len(inner_ran) == 1 and inner_ran[0] > 0  # it ran, frozen
+        assert gc.get_freeze_count() > 0  # and left the outer run's objects frozen
 
     run_batched(server, ClientApp(), run_config={}, num_nodes=1, engine="sequential")
     assert inner_ran and gc.get_freeze_count() == 0
