@@ -147,7 +147,9 @@ def _collect_frozen_too() -> None:
     """``gc.collect()`` of the objects ``gc.freeze()`` keeps out of collections too, frozen again after.
 
     Something may have frozen the objects the process held (a batched run does while it runs): a
-    crashed run's strategy among them, garbage since, would otherwise stay, and hold its lock.
+    crashed run's strategy among them, garbage since, would otherwise stay, and hold its lock. (The
+    freeze after takes in the objects made since too, until whatever froze them unfreezes: they
+    are only left out of collections meanwhile.)
     """
     frozen = gc.get_freeze_count() > 0
     if frozen:
