@@ -21,8 +21,9 @@ there, the timing from this file.
 
 Reported: the medians of overhead per call (ms), over all rounds and over
 rounds 2..R (round 1 also builds each client's data, once a process: a sweep
-of 200 rounds spreads that over all of them), compute per call and server
-step per round, the process's CPU time (user and system, all its threads) per
+of 200 rounds spreads that over all of them), compute per call, server
+step per round (over all rounds, start-up included, and over rounds 2..R),
+the process's CPU time (user and system, all its threads) per
 call, and the median of the per-repetition ratios after / before.
 """
 
@@ -84,11 +85,13 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     # Each delivery's client time and compute, by round: round 1 also builds each client's data (once a
     # process), which a long sweep spreads over all its rounds; rounds 2..R show a call's cost then.
     by_round: dict[int, list[float]] = {}
+    round_starts: dict[int, float] = {}  # each round's first delivery's start (perf_counter)
     deliver = BatchedGrid._deliver
 
     def timed_deliver(grid, timeout):
         delivered = [r for r in (round_of(msg) for msg in grid._pending.values()) if r is not None]
         calls, before = len(grid._pending), (grid.client_seconds, compute[0])
+        round_starts.setdefault(max(delivered, default=0), time.perf_counter())
         deliver(grid, timeout)
         totals = by_round.setdefault(max(delivered, default=0), [0.0, 0.0, 0])
         totals[0] += grid.client_seconds - before[0]
@@ -110,6 +113,7 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
             "later_overhead_ms": later_overhead_ms(by_round),
             "compute_ms": compute[0] / calls * 1e3,
             "server_ms": (wall - grid.client_seconds) / rounds * 1e3,
+            "later_server_ms": later_server_ms(by_round, round_starts, start + wall),
             "cpu_ms": (cpu_end.user + cpu_end.system - cpu.user - cpu.system) / calls * 1e3}
 
 
@@ -119,6 +123,15 @@ def later_overhead_ms(by_round: dict[int, list[float]]) -> float:
     later = [totals for rnd, totals in by_round.items() if rnd > 1]
     calls = sum(totals[2] for totals in later)
     return sum(totals[0] - totals[1] for totals in later) / calls * 1e3 if calls else float("nan")
+
+
+def later_server_ms(by_round: dict[int, list[float]], round_starts: dict[int, float], end: float) -> float:
+    """The server step per round (ms) in the rounds after the first: from a round's first delivery to the
+    next round's (the last: to the run's end), less the round's client time. Round 1's also holds the
+    run's start-up (the app, the first model, a collection), which a long sweep spreads over all rounds."""
+    rounds = sorted(r for r in round_starts if r > 1)
+    steps = [(round_starts.get(r + 1, end) - round_starts[r] - by_round[r][0]) for r in rounds]
+    return sum(steps) / len(steps) * 1e3 if steps else float("nan")
 
 
 def export(rev: str, into: Path) -> None:
@@ -170,6 +183,7 @@ def main() -> None:
                        ("later_overhead_ms", "client overhead per call, rounds 2..R"),
                        ("compute_ms", "client compute per call"),
                        ("server_ms", "server step per round"),
+                       ("later_server_ms", "server step per round, rounds 2..R"),
                        ("cpu_ms", "process CPU time per call (all threads)")):
         b, a = [r[key] for r in results["before"]], [r[key] for r in results["after"]]
         print(f"| {label} | {median(b):.2f} ms | {median(a):.2f} ms | {paired_ratio(a, b):.3f} |")
