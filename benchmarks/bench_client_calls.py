@@ -89,11 +89,12 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     deliver = BatchedGrid._deliver
 
     def timed_deliver(grid, timeout):
-        delivered = [r for r in (round_of(msg) for msg in grid._pending.values()) if r is not None]
+        rnd = max((r for r in (round_of(msg) for msg in grid._pending.values()) if r is not None),
+                  default=0)  # (the round of the pending messages; 0: none said)
         calls, before = len(grid._pending), (grid.client_seconds, compute[0])
-        round_starts.setdefault(max(delivered, default=0), time.perf_counter())
+        round_starts.setdefault(rnd, time.perf_counter())
         deliver(grid, timeout)
-        totals = by_round.setdefault(max(delivered, default=0), [0.0, 0.0, 0])
+        totals = by_round.setdefault(rnd, [0.0, 0.0, 0])
         totals[0] += grid.client_seconds - before[0]
         totals[1] += compute[0] - before[1]
         totals[2] += calls
