@@ -9,11 +9,15 @@ threads, and waits for the next gathering: the calls of a round fall into
 phases on their own (train, then the evaluations after it).
 
 The client threads take turns: one runs its Python (the ClientApp, its
-mods, its records) while the others wait for their turn or for their call's
-result, each on its own lock or event. A hundred threads all runnable at once
-would fight over the GIL, and one condition that every arrival notifies
-would wake every waiting thread each time; on a CPU that made a call's
-overhead several times the sequential engine's. So a ClientApp must not wait,
+mods, its records) while the others wait, each on its own gate (a lock).
+The turn is handed on like a baton: a client that reaches its call or
+returns opens the gate of the next client in line (in the clients' order),
+and the leader is woken only when no client is left to run. A hundred
+threads all runnable at once would fight over the GIL, and waking every
+waiting thread at each hand-over (a shared lock, one condition, or every
+call's result announced at once) costs each call a burst of thread
+switches; on a CPU that made a call's overhead several times the sequential
+engine's. So a ClientApp must not wait,
 outside its calls, on something another client does (a lock another client
 holds across its call): that client cannot run until this one reaches its
 call or returns. Its calls must come from its own thread: one made from a
@@ -38,6 +42,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -66,7 +71,6 @@ class _Call:
     result: Any = None
     error: BaseException | None = None
     index: int = 0  # the client's place in the round (its thread's), the order calls run in
-    finished: threading.Event = field(default_factory=threading.Event)  # set once its result or error is in
     generators: GlobalsState | None = None  # the client's process-wide generators (``keep_generators``)
 
     def work(self) -> tuple:
@@ -79,6 +83,13 @@ class _Call:
         """The model's signature in the mode its loop puts it in first (``train_tensors``: ``train()``)."""
         self.net.train(self.kind == "train")
         return model_signature(self.net)
+
+
+def _closed_gate() -> threading.Lock:
+    """A lock, held: the gate a client thread waits at until its turn (released by another thread)."""
+    gate = threading.Lock()
+    gate.acquire()
+    return gate
 
 
 def _hashable(value: Any) -> Any:
@@ -114,15 +125,17 @@ class Rendezvous:
                  keep_generators: bool = False, on_split: Callable[[str], None] | None = None) -> None:
         self.chunk_size, self.autocast, self.keep_generators = chunk_size, autocast, keep_generators
         self.on_split = on_split
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # guards what follows; the leader waits on it
         self._calls: list[_Call] = []
         self._running = 0  # client threads neither waiting in a call, finished nor abandoned
         self._thread = threading.local()  # .index: the client a thread runs; .turn: it holds the turn
-        self._turn = threading.Lock()  # held by the one client thread that runs its Python
-        self._holder: int | None = None  # that client, and since when (time.monotonic())
+        self._gates: list[threading.Lock] = []  # client i's thread waits for the turn on gate i (locked)
+        self._next: deque[int] = deque()  # the clients in line for the turn, in the order they get it
+        self._holder: int | None = None  # the client holding the turn, and since when (time.monotonic())
         self._since = 0.0
         self._held: list[float] = []  # each client's time holding the turn, past turns
         self._timeout: float | None = None
+        self._wake_at: float | None = None  # when the waiting leader looks at the holder's time next
         self._names: Sequence[str] = ()
         self.abandoned: dict[int, threading.Thread] = {}  # clients past their timeout, by index
         self._stopped: BaseException | None = None  # what stopped the leader (a Ctrl-C), if anything
@@ -153,33 +166,38 @@ class Rendezvous:
                 raise RuntimeError(f"the round was stopped ({self._stopped!r}): its calls are not run")
             self._calls.append(call)
             self._running -= 1
-            self._give_turn()
-            self._cond.notify()  # the leader, the only one waiting on it
-        try:
-            call.finished.wait()
-        finally:  # (the turn is this thread's again whatever ends the wait)
-            self._take_turn()
-            if call.generators is not None:  # (a call run alone has drawn from them meanwhile)
-                restore_globals(call.generators)
+            self._pass_turn()
+        self._await_turn()  # (the leader puts this client in line once its call's result is in)
+        if call.generators is not None:  # (a call run alone has drawn from them meanwhile)
+            restore_globals(call.generators)
         if call.error is not None:
             raise call.error
         return call.result
 
-    def _take_turn(self) -> None:
-        """Wait for the turn and take it (a client thread)."""
-        self._turn.acquire()
-        with self._cond:
-            self._holder, self._since = self._thread.index, time.monotonic()
-            if self._timeout is not None:
-                self._cond.notify()  # the leader times this turn
+    def _await_turn(self) -> None:
+        """Wait until this client thread's gate opens: the turn is its own."""
+        self._gates[self._thread.index].acquire()
         self._thread.turn = True
 
-    def _give_turn(self) -> None:
-        """Hand the turn over (a client thread, holding ``_cond``)."""
-        self._held[self._thread.index] += time.monotonic() - self._since
-        self._holder = None
+    def _pass_turn(self) -> None:
+        """Hand the turn on (the thread holding it, under ``_cond``)."""
         self._thread.turn = False
-        self._turn.release()
+        index = self._thread.index
+        if self._holder == index:  # (not a client the leader has counted out since)
+            self._held[index] += time.monotonic() - self._since
+            self._holder = None
+            self._open_next()
+
+    def _open_next(self) -> None:
+        """Give the free turn to the next client in line; with none left to run, wake the leader
+        (under ``_cond``)."""
+        if self._next:
+            self._holder, self._since = self._next.popleft(), time.monotonic()
+            self._gates[self._holder].release()
+            if self._timeout is not None and (self._wake_at is None or self._deadline() < self._wake_at):
+                self._cond.notify()  # the leader times this turn, which runs out before the one it waits for
+        elif self._running == 0:
+            self._cond.notify()  # the leader, the only one waiting on it
 
     # -- the leader's side ---------------------------------------------------------------------
     def run(self, clients: Sequence[Callable[[], T]], timeout: float | None = None,
@@ -200,7 +218,7 @@ class Rendezvous:
 
         def client_thread(i: int) -> None:
             self._thread.index = i
-            self._take_turn()
+            self._await_turn()
             result: Any = None
             error: BaseException | None = None
             try:
@@ -213,15 +231,17 @@ class Rendezvous:
                 if error is not None:
                     errors.append(error)
                 results[i] = result
-                if self._thread.turn:
-                    self._give_turn()
                 self._running -= 1
-                self._cond.notify()
+                self._pass_turn()
 
         self._running = len(clients)
+        self._gates = [_closed_gate() for _ in clients]
+        self._next, self._holder = deque(range(len(clients))), None
         # Each client in a copy of the caller's context (contextvars), as the sequential engine's calls.
         threads = [threading.Thread(target=contextvars.copy_context().run, args=(client_thread, i),
                                     daemon=True) for i in range(len(clients))]
+        with self._cond:
+            self._open_next()  # client 0 first: it runs while the others start
         for thread in threads:
             thread.start()
         try:
@@ -244,8 +264,11 @@ class Rendezvous:
         while True:
             with self._cond:
                 while self._running > 0:
-                    self._cond.wait(self._time_left())
+                    left = self._time_left()
+                    self._wake_at = None if left is None else time.monotonic() + left
+                    self._cond.wait(left)
                     self._abandon_overdue(threads)
+                self._wake_at = None
                 calls, self._calls = self._calls, []
             if not calls:
                 break  # every client thread has finished
@@ -262,11 +285,16 @@ class Rendezvous:
                 for call in calls:
                     if call.result is None and call.error is None:
                         call.error = RuntimeError(f"the gathered calls failed: {failure!r}")
-            with self._cond:
-                self._running += len(calls)
-            for call in calls:
-                call.finished.set()
+            self._line_up(calls)
         return failure
+
+    def _line_up(self, calls: Sequence[_Call]) -> None:
+        """Put the clients of ``calls`` (results or errors in) in line for the turn, in order."""
+        with self._cond:
+            self._running += len(calls)
+            self._next.extend(call.index for call in calls)
+            if self._holder is None:
+                self._open_next()
 
     def _release_waiting(self, stop: BaseException) -> None:
         """Fail every gathered call and every later one, so that no client thread waits for ever."""
@@ -275,13 +303,18 @@ class Rendezvous:
             calls, self._calls = self._calls, []
         for call in calls:
             call.error = RuntimeError(f"the round was stopped ({stop!r}): its calls are not run")
-            call.finished.set()
+        self._line_up(calls)
 
     def _time_left(self) -> float | None:
         """Seconds until the client holding the turn runs past the timeout (``None``: nothing to time)."""
         if self._timeout is None or self._holder is None:
             return None
-        return max(0.0, self._timeout - self._held[self._holder] - (time.monotonic() - self._since))
+        return max(0.0, self._deadline() - time.monotonic())
+
+    def _deadline(self) -> float:
+        """When the client holding the turn runs past the timeout (``time.monotonic()``)."""
+        assert self._timeout is not None and self._holder is not None
+        return self._since + self._timeout - self._held[self._holder]
 
     def _abandon_overdue(self, threads: Sequence[threading.Thread]) -> None:
         """Leave out the client holding the turn if it ran past the timeout (the leader, under ``_cond``)."""
@@ -291,7 +324,7 @@ class Rendezvous:
         self.abandoned[self._holder] = threads[self._holder]
         self._holder = None
         self._running -= 1
-        self._turn.release()  # (a Lock, not an RLock: the leader may release the client's turn)
+        self._open_next()
 
     def _execute(self, calls: list[_Call]) -> None:
         groups = self._groups(calls)

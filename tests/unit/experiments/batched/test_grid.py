@@ -246,6 +246,58 @@ def test_client_threads_take_turns_running_their_python(monkeypatch):
     assert most == [1]
 
 
+def test_the_turn_goes_to_the_clients_in_their_order_in_every_phase(monkeypatch):
+    # The turn is handed on from client to client (each thread waits at its own gate): in the
+    # clients' order, whichever thread the OS would have woken first.
+    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk, autocast=None: [
+        setattr(c, "result", 0.0 if c.kind == "train" else (0.0, 0.0)) for c in chunk])
+    rendezvous = Rendezvous()
+    net = torch.nn.Linear(1, 1)
+    order: list[tuple[str, int]] = []
+
+    def client(i):
+        def run():
+            order.append(("start", i))
+            local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)
+            order.append(("trained", i))
+            local_compute().evaluate(net, torch.zeros(2, 1), torch.zeros(2))
+            order.append(("evaluated", i))
+            return i
+        return lambda: _with(rendezvous, run)
+
+    assert rendezvous.run([client(i) for i in range(6)]) == list(range(6))
+    assert order == [(phase, i) for phase in ("start", "trained", "evaluated") for i in range(6)]
+
+
+def test_a_turn_that_runs_out_before_the_one_the_leader_times_is_timed_on_its_own(monkeypatch):
+    # The leader sleeps until the holder's time runs out and is not woken at every hand-over;
+    # a client whose own time left is shorter than that wakes it (client 1 used 1.6 of its 2 s).
+    _record_stacks(monkeypatch)
+    rendezvous = Rendezvous()
+    net = torch.nn.Linear(1, 1)
+    release = threading.Event()
+
+    def client(i):
+        def run():
+            if i == 1:
+                time.sleep(1.6)  # holding the turn: its time
+            local_compute().train(net, torch.zeros(2, 1), torch.zeros(2), seed=i)
+            marks.append(time.monotonic())
+            if i == 1:
+                release.wait(timeout=60)  # hangs until the test ends
+            return i
+        return lambda: _with(rendezvous, run)
+
+    marks: list[float] = []
+    try:
+        out = _finishes(lambda: (rendezvous.run([client(i) for i in range(2)], timeout=2.0), time.monotonic()))
+    finally:
+        release.set()
+    results, end = out["result"]
+    assert results == [0, None] and list(rendezvous.abandoned) == [1]
+    assert end - marks[0] < 1.2  # client 1 is out ~0.4 s after its turn began, not 2 s after client 0's
+
+
 def _finishes(fn, seconds: float = 30.0):
     """``fn()``'s result or exception, run in a thread that must end within ``seconds`` (no hang)."""
     return finishes(fn, seconds, hung="the Rendezvous hung")
