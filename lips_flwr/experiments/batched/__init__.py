@@ -5,7 +5,8 @@ in this process), :mod:`.run` (:func:`run_batched`: the ServerApp's own code
 on one),
 :mod:`.calls` (a ClientApp call: its reply or Flower's error reply, with a
 deadline), :mod:`.rendezvous` (a round's client threads meet at their
-training call), :mod:`.stacked` (those calls run at once, the clients'
+training call), :mod:`.workers` (those threads, kept from one delivery to
+the next), :mod:`.stacked` (the gathered calls run at once, the clients'
 models stacked with ``torch.func``) and :mod:`.signature` (which models may
 be stacked together).
 """

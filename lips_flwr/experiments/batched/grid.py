@@ -72,7 +72,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from logging import WARNING
 from typing import Protocol
 
@@ -95,6 +95,7 @@ from lips_flwr.experiments.batched.calls import (
     round_of,
 )
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
+from lips_flwr.experiments.batched.workers import ClientThreads
 from lips_flwr.experiments.seeding import derive_seed, globals_kept, seed_globals
 from lips_flwr.experiments.task.training import computing_with
 
@@ -188,6 +189,7 @@ class BatchedGrid(Grid):
         self._pending: dict[str, Message] = {}
         self._replies: dict[str, Message] = {}
         self._busy: dict[int, threading.Thread] = {}  # nodes whose abandoned call may still run
+        self._threads: ClientThreads | None = None  # the stacked engine's, kept across deliveries
         self._split_reported = False
         self.client_seconds = 0.0  # time spent in the clients' calls (for the benchmarks)
         self.stacked_calls = self.one_by_one_calls = 0  # the stacked engine's calls, by how they ran
@@ -247,6 +249,21 @@ class BatchedGrid(Grid):
     def _take(self, message_ids: Iterable[str]) -> list[Message]:
         """The replies to ``message_ids`` that are in, each handed out once."""
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    @contextlib.contextmanager
+    def client_threads_kept(self) -> Iterator[None]:
+        """Within the block, the stacked engine runs every delivery's clients in the same worker
+        threads (:mod:`.workers`: no hundred threads started and ended each time); they end with it.
+        Outside it, each delivery's threads are its own."""
+        if self.engine != "stacked" or self._threads is not None:
+            yield
+            return
+        self._threads = ClientThreads()
+        try:
+            yield
+        finally:
+            threads, self._threads = self._threads, None
+            threads.close()
 
     def busy_nodes(self) -> list[int]:
         """The nodes whose call ran past its timeout and has not ended yet (left out until it does)."""
@@ -344,7 +361,8 @@ class BatchedGrid(Grid):
         shared: Shared = {}
         replies = rendezvous.run([_bound(self._call_client, msg, seed, shared, rendezvous)
                                   for msg, seed in zip(calls, seeds)], timeout=timeout,
-                                 names=[f"node {msg.metadata.dst_node_id}" for msg in calls])
+                                 names=[f"node {msg.metadata.dst_node_id}" for msg in calls],
+                                 threads=self._threads)
         self.chunk_size = rendezvous.chunk_size  # a halving on OOM holds for later rounds
         self.stacked_calls += rendezvous.stacked
         self.one_by_one_calls += rendezvous.one_by_one

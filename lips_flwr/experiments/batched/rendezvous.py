@@ -40,6 +40,7 @@ its result is discarded, and a call it makes after is a ``RuntimeError``.
 from __future__ import annotations
 
 import contextvars
+import functools
 import threading
 import time
 from collections import deque
@@ -53,6 +54,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference, model_signature
+from lips_flwr.experiments.batched.workers import ClientThreads, Worker
 from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
 from lips_flwr.experiments.task.training import evaluate_tensors, train_tensors
 
@@ -83,13 +85,6 @@ class _Call:
         """The model's signature in the mode its loop puts it in first (``train_tensors``: ``train()``)."""
         self.net.train(self.kind == "train")
         return model_signature(self.net)
-
-
-def _closed_gate() -> threading.Lock:
-    """A lock, held: the gate a client thread waits at until its turn (released by another thread)."""
-    gate = threading.Lock()
-    gate.acquire()
-    return gate
 
 
 def _hashable(value: Any) -> Any:
@@ -129,7 +124,7 @@ class Rendezvous:
         self._calls: list[_Call] = []
         self._running = 0  # client threads neither waiting in a call, finished nor abandoned
         self._thread = threading.local()  # .index: the client a thread runs; .turn: it holds the turn
-        self._gates: list[threading.Lock] = []  # client i's thread waits for the turn on gate i (locked)
+        self._gates: list[threading.Lock] = []  # client i waits for the turn at gate i (its worker's)
         self._next: deque[int] = deque()  # the clients in line for the turn, in the order they get it
         self._holder: int | None = None  # the client holding the turn, and since when (time.monotonic())
         self._since = 0.0
@@ -201,7 +196,7 @@ class Rendezvous:
 
     # -- the leader's side ---------------------------------------------------------------------
     def run(self, clients: Sequence[Callable[[], T]], timeout: float | None = None,
-            names: Sequence[str] | None = None) -> list[T | None]:
+            names: Sequence[str] | None = None, threads: ClientThreads | None = None) -> list[T | None]:
         """Run each client in its own thread, gathering their calls; their results, in order.
 
         A client must not raise (wrap it); if one does, its exception is
@@ -209,6 +204,8 @@ class Rendezvous:
         ``timeout`` seconds of its own (see the module docstring) has the
         result ``None`` and its thread in :attr:`abandoned`. ``names`` name
         the clients in :attr:`on_split`'s sentences (default: ``client i``).
+        ``threads``: the worker threads to run the clients in, kept for the
+        caller's next call (:mod:`.workers`); ``None``: threads of this call's own.
         """
         results: list[Any] = [None] * len(clients)
         errors: list[BaseException] = []
@@ -216,9 +213,8 @@ class Rendezvous:
         self._stopped = None
         self._names = names or [f"client {i}" for i in range(len(clients))]
 
-        def client_thread(i: int) -> None:
-            self._thread.index = i
-            self._await_turn()
+        def client_thread(i: int) -> None:  # (run by a worker whose gate has opened: the turn is its own)
+            self._thread.index, self._thread.turn = i, True
             result: Any = None
             error: BaseException | None = None
             try:
@@ -234,31 +230,31 @@ class Rendezvous:
                 self._running -= 1
                 self._pass_turn()
 
-        self._running = len(clients)
-        self._gates = [_closed_gate() for _ in clients]
-        self._next, self._holder = deque(range(len(clients))), None
-        # Each client in a copy of the caller's context (contextvars), as the sequential engine's calls.
-        threads = [threading.Thread(target=contextvars.copy_context().run, args=(client_thread, i),
-                                    daemon=True) for i in range(len(clients))]
-        with self._cond:
-            self._open_next()  # client 0 first: it runs while the others start
-        for thread in threads:
-            thread.start()
+        pool = threads if threads is not None else ClientThreads()
         try:
-            failure = self._lead(threads)
-        except BaseException as stop:  # a Ctrl-C while the leader waits: no client left waiting
-            self._release_waiting(stop)
-            raise
-        for i, thread in enumerate(threads):
-            if i not in self.abandoned:
-                thread.join()
+            # Each client in a copy of the caller's context (contextvars), as the sequential engine's calls.
+            workers = pool.assign([functools.partial(contextvars.copy_context().run, client_thread, i)
+                                   for i in range(len(clients))])
+            self._running, self._gates = len(clients), [worker.gate for worker in workers]
+            self._next, self._holder = deque(range(len(clients))), None
+            with self._cond:
+                self._open_next()  # client 0 first
+            try:
+                failure = self._lead(workers, pool)
+            except BaseException as stop:  # a Ctrl-C while the leader waits: no client left waiting
+                self._release_waiting(stop)
+                raise
+            pool.wait_idle()  # (every client's thread done with it, those left out aside)
+        finally:
+            if threads is None:
+                pool.close()
         if failure is not None:
             raise failure
         if errors:
             raise errors[0]
         return [None if i in self.abandoned else result for i, result in enumerate(results)]
 
-    def _lead(self, threads: list[threading.Thread]) -> BaseException | None:
+    def _lead(self, workers: list[Worker], pool: ClientThreads) -> BaseException | None:
         """Run the gathered calls until every client thread has finished; what failed them, if anything."""
         failure: BaseException | None = None  # raised by running gathered calls (a stop, a bug)
         while True:
@@ -267,7 +263,7 @@ class Rendezvous:
                     left = self._time_left()
                     self._wake_at = None if left is None else time.monotonic() + left
                     self._cond.wait(left)
-                    self._abandon_overdue(threads)
+                    self._abandon_overdue(workers, pool)
                 self._wake_at = None
                 calls, self._calls = self._calls, []
             if not calls:
@@ -316,12 +312,15 @@ class Rendezvous:
         assert self._timeout is not None and self._holder is not None
         return self._since + self._timeout - self._held[self._holder]
 
-    def _abandon_overdue(self, threads: Sequence[threading.Thread]) -> None:
+    def _abandon_overdue(self, workers: Sequence[Worker], pool: ClientThreads) -> None:
         """Leave out the client holding the turn if it ran past the timeout (the leader, under ``_cond``)."""
         left = self._time_left()
         if left is None or left > 0 or self._holder is None:
             return
-        self.abandoned[self._holder] = threads[self._holder]
+        worker = workers[self._holder]
+        assert worker.thread is not None
+        self.abandoned[self._holder] = worker.thread
+        pool.retire(worker)
         self._holder = None
         self._running -= 1
         self._open_next()

@@ -43,7 +43,9 @@ def run_batched(
     grid before the ServerApp starts (the runner keeps the nodes' contexts).
 
     While the ServerApp runs, the objects the process held before it are out
-    of the garbage collector's full collections (:func:`_older_objects_frozen`).
+    of the garbage collector's full collections (:func:`_older_objects_frozen`),
+    and the stacked engine's client threads serve every delivery
+    (:meth:`BatchedGrid.client_threads_kept`).
     """
     grid = BatchedGrid(client_app, num_nodes=num_nodes, run_config=run_config, engine=engine,
                        chunk_size=chunk_size, autocast=autocast, run_id=run_id, observer=observer,
@@ -52,7 +54,7 @@ def run_batched(
         on_grid(grid)
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))
-    with _task_identity(run_id), _older_objects_frozen():
+    with _task_identity(run_id), _older_objects_frozen(), grid.client_threads_kept():
         if seed is not None:
             seed_globals(derive_seed(seed, 0))
         server_app(grid, context)
