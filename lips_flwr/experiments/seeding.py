@@ -120,8 +120,14 @@ class GlobalsState:
 def saved_globals() -> GlobalsState:
     """The current states of ``random``, numpy's global generator and torch's CPU and CUDA generators."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return GlobalsState(random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                        torch.initial_seed(), cuda)
+    return GlobalsState(random.getstate(), _numpy_state(), torch.get_rng_state(), torch.initial_seed(), cuda)
+
+
+def _numpy_state() -> tuple:
+    """``np.random.get_state()`` with its key as a list of ints: ``set_state`` copies a list's 624 words
+    ~20x faster than an array's (~1 against ~25 us: the stacked engine puts a client's back at each turn)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return name, key.tolist(), pos, has_gauss, gauss
 
 
 def restore_globals(state: GlobalsState) -> None:
