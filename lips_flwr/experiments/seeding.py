@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -126,7 +126,7 @@ def saved_globals() -> GlobalsState:
 def _numpy_state() -> tuple:
     """``np.random.get_state()`` with its key as a list of ints: ``set_state`` copies a list's 624 words
     ~20x faster than an array's (~1 against ~25 us: the stacked engine puts a client's back at each turn)."""
-    name, key, pos, has_gauss, gauss = np.random.get_state()
+    name, key, pos, has_gauss, gauss = cast(tuple, np.random.get_state(legacy=True))
     return name, key.tolist(), pos, has_gauss, gauss
 
 
