@@ -5,8 +5,8 @@ A GPU sweep on the batched Grid (the pre-registered study's regime (b):
 the CPU by what a call costs besides training and evaluating: receiving the
 message, the mods (persistent state, FedBN, LIPS), loading the model, the
 reply's records. This runs the paper app (``conf/prereg-fmnist-gpu-dir0.1.toml``,
-``algorithm=lips``, with the study's checkpoint and client-state folder) at a
-tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
+``algorithm=lips``, with the study's checkpoint and client-state folder, or
+without the folder: ``--no-state-files``) at a tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
 for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
 are in the working tree, the Grid seeded as the experiment runner seeds a run
 (every call seeded; the stacked engine keeps each client's generators), in
@@ -18,6 +18,7 @@ there, the timing from this file.
     python benchmarks/bench_client_calls.py --rev 14f54fa              # 100 clients x 6 rounds, 3 reps: ~2 min
     python benchmarks/bench_client_calls.py --rev 14f54fa --reps 5 --rounds 10
     python benchmarks/bench_client_calls.py --rev HEAD --after-env OPENBLAS_NUM_THREADS=1  # the same code, one BLAS thread
+    python benchmarks/bench_client_calls.py --rev HEAD --engine stacked --no-state-files  # the files' cost
 
 Reported: the medians of overhead per call (ms), over all rounds and over
 rounds 2..R (round 1 also builds each client's data, once a process: a sweep
@@ -44,7 +45,7 @@ from pathlib import Path
 from common import ROOT, code_line, load_line, machine_line, median, paired_ratio
 
 
-def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> dict:
+def child(rounds: int, nodes: int, state: str, engine: str = "sequential", state_files: bool = True) -> dict:
     """One run in this process (the code on ``sys.path``), its client time split.
 
     Compute: inside ``local_compute()`` on the sequential engine; on the
@@ -81,7 +82,8 @@ def child(rounds: int, nodes: int, state: str, engine: str = "sequential") -> di
     conf.pop("federation")
     conf.update({"algorithm": "lips", "seed": 1000, "results-path": f"{state}/results.json",
                  "num-server-rounds": rounds, "samples-per-client": 10, "test-samples": 10,
-                 "local-epochs": 1, "lips-state-dir": f"{state}/clients", "checkpoint-path": f"{state}/ck.npz"})
+                 "local-epochs": 1, "lips-state-dir": f"{state}/clients" if state_files else "",
+                 "checkpoint-path": f"{state}/ck.npz"})
     # Each delivery's client time and compute, by round: round 1 also builds each client's data (once a
     # process), which a long sweep spreads over all its rounds; rounds 2..R show a call's cost then.
     by_round: dict[int, list[float]] = {}
@@ -153,10 +155,14 @@ def main() -> None:
                         help="environment of the 'after' runs only (e.g. OPENBLAS_NUM_THREADS=1)")
     parser.add_argument("--engine", choices=("sequential", "stacked"), default="sequential",
                         help="the batched Grid's engine (stacked: the GPU's; on a CPU its compute is slow)")
-    parser.add_argument("--child", nargs=4, metavar=("ROUNDS", "NODES", "STATE", "ENGINE"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-state-files", action="store_true",
+                        help="no client state folder (lips-state-dir): what the clients' state files cost")
+    parser.add_argument("--child", nargs=5, metavar=("ROUNDS", "NODES", "STATE", "ENGINE", "FILES"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.child[0]), int(args.child[1]), args.child[2], args.child[3])))
+        print(json.dumps(child(int(args.child[0]), int(args.child[1]), args.child[2], args.child[3],
+                               args.child[4] == "files")))
         return
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     after_env = dict(pair.split("=", 1) for pair in args.after_env)
@@ -171,14 +177,17 @@ def main() -> None:
                 tree = before if side == "before" else ROOT
                 out = subprocess.run(
                     [sys.executable, str(Path(__file__).resolve()), "--rev", args.rev, "--child",
-                     str(args.rounds), str(args.nodes), str(state), args.engine],
+                     str(args.rounds), str(args.nodes), str(state), args.engine,
+                     "none" if args.no_state_files else "files"],
                     cwd=tree, env={**env, "PYTHONPATH": str(tree), **(after_env if side == "after" else {})},
                     capture_output=True, text=True, check=True)
                 results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
                 if Path(results[side][-1].pop("code")).resolve() != tree.resolve():
                     raise SystemExit(f"the {side} run imported another lips_flwr than {tree}")
                 print(f"rep {rep} {side:6s} {results[side][-1]} ({load_line()})", flush=True)
-    print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.engine} engine, {args.reps} reps, medians:")
+    files = ", no client state files" if args.no_state_files else ""
+    print(f"\n{args.nodes} clients x {args.rounds} rounds, {args.engine} engine{files}, {args.reps} reps, "
+          "medians:")
     print("| part | before | after | after / before |\n|---|---|---|---|")
     for key, label in (("overhead_ms", "client overhead per call"),
                        ("later_overhead_ms", "client overhead per call, rounds 2..R"),
