@@ -123,11 +123,15 @@ def saved_globals() -> GlobalsState:
     return GlobalsState(random.getstate(), _numpy_state(), torch.get_rng_state(), torch.initial_seed(), cuda)
 
 
-def _numpy_state() -> tuple:
-    """``np.random.get_state()`` with its key as a list of ints: ``set_state`` copies a list's 624 words
-    ~20x faster than an array's (~1 against ~25 us: the stacked engine puts a client's back at each turn)."""
-    name, key, pos, has_gauss, gauss = cast(tuple, np.random.get_state(legacy=True))
-    return name, key.tolist(), pos, has_gauss, gauss
+def _numpy_state() -> Any:
+    """``np.random.get_state()``, an MT19937 key as a list of ints: ``set_state`` copies a list's 624 words
+    ~20x faster than an array's (~1 against ~25 us: the stacked engine puts a client's back at each turn).
+    Another bit generator (``np.random.set_bit_generator``) gives its dict, kept as it is."""
+    state = np.random.get_state(legacy=False)
+    if state.get("bit_generator") != "MT19937":
+        return state
+    key = cast(np.ndarray, state["state"]["key"])
+    return ("MT19937", key.tolist(), state["state"]["pos"], state["has_gauss"], state["gauss"])
 
 
 def restore_globals(state: GlobalsState) -> None:

@@ -265,6 +265,20 @@ def test_a_saved_state_puts_numpys_pending_gaussian_back_too():
     assert drawn() == expected
 
 
+def test_a_saved_state_of_another_numpy_bit_generator_is_put_back_too():
+    # An app may give numpy's global generator another bit generator (np.random.set_bit_generator).
+    before = np.random.get_bit_generator()
+    try:
+        np.random.set_bit_generator(np.random.PCG64(3))
+        state = saved_globals()
+        expected = np.random.rand(3).tolist()
+        np.random.rand(5)
+        restore_globals(state)
+        assert np.random.rand(3).tolist() == expected
+    finally:
+        np.random.set_bit_generator(before)
+
+
 @pytest.mark.parametrize("available", [False, True])
 def test_cudas_seed_is_queued_back_only_where_cuda_can_start(monkeypatch, available):
     """Without CUDA initialised, restore_globals queues the saved seed for CUDA, as torch.manual_seed
