@@ -4,15 +4,17 @@ Each client of a round runs its ClientApp in its own thread, unchanged, up to
 its call of ``local_compute().train(...)`` (or ``.evaluate``); there it waits.
 When every client thread is either waiting or finished, the leader (the
 thread that called :meth:`Rendezvous.run`) runs the gathered calls together,
-their models stacked (:mod:`.stacked`), releases the waiting
-threads, and waits for the next gathering: the calls of a round fall into
-phases on their own (train, then the evaluations after it).
+their models stacked (:mod:`.stacked`), puts their clients in line for the
+turn again, in the clients' order, and waits for the next gathering: the
+calls of a round fall into phases on their own (train, then the evaluations
+after it).
 
 The client threads take turns: one runs its Python (the ClientApp, its
 mods, its records) while the others wait, each on its own gate (a lock).
 The turn is handed on like a baton: a client that reaches its call or
 returns opens the gate of the next client in line (in the clients' order),
-and the leader is woken only when no client is left to run. A hundred
+and the leader is woken only when no client is left to run, or when the new
+holder's time runs out before the turn the leader is timing. A hundred
 threads all runnable at once would fight over the GIL, and waking every
 waiting thread at each hand-over (a shared lock, one condition, or every
 call's result announced at once) costs each call a burst of thread
@@ -31,10 +33,11 @@ the calls of one work differ. If a stacked chunk fails for any reason but
 memory, its calls run one by one, so that one client's error stays that
 client's error reply.
 
-With a ``timeout``, a client that has run its own Python (its turns, not
-its waits for a turn or for its gathered calls) for longer is abandoned:
-the leader takes its turn back and goes on without it; the thread runs on,
-its result is discarded, and a call it makes after is a ``RuntimeError``.
+With a ``timeout``, a client that has held the turn for longer, counted
+from the moment its gate opens (not its waits in line or for its gathered
+calls), is abandoned: the leader takes its turn back and goes on without
+it; the thread runs on, its result is discarded, and a call it makes after
+is a ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ class Rendezvous:
         """Run each client in its own thread, gathering their calls; their results, in order.
 
         A client must not raise (wrap it); if one does, its exception is
-        raised here once every thread has finished. A client abandoned past
+        raised here once every client has ended (those abandoned aside). A client abandoned past
         ``timeout`` seconds of its own (see the module docstring) has the
         result ``None`` and its thread in :attr:`abandoned`. ``names`` name
         the clients in :attr:`on_split`'s sentences (default: ``client i``).
@@ -297,6 +300,8 @@ class Rendezvous:
         with self._cond:
             self._stopped = stop
             calls, self._calls = self._calls, []
+            if self._holder in self.abandoned:  # (stopped while counting it out: its turn goes on)
+                self._holder = None
         for call in calls:
             call.error = RuntimeError(f"the round was stopped ({stop!r}): its calls are not run")
         self._line_up(calls)

@@ -56,9 +56,16 @@ class ClientThreads:
         with self._cond:
             if self._closed:
                 raise RuntimeError("these client threads are closed")
-            taken, self._idle = self._idle[:len(tasks)], self._idle[len(tasks):]
+            workers, self._idle = self._idle[:len(tasks)], self._idle[len(tasks):]
+        try:
+            while len(workers) < len(tasks):
+                workers.append(self._started(Worker()))
+        except BaseException:  # (no thread to start, a Ctrl-C): those taken or started are idle again
+            with self._cond:
+                self._idle.extend(workers)
+            raise
+        with self._cond:
             self._busy += len(tasks)
-        workers = taken + [self._started(Worker()) for _ in range(len(tasks) - len(taken))]
         for worker, task in zip(workers, tasks):
             worker.task = task
         return workers
@@ -78,7 +85,9 @@ class ClientThreads:
                 return  # closed
             kept = False
             try:
-                task()  # (raises nothing: the Rendezvous keeps a client's errors; if it did, the thread ends)
+                # A Rendezvous task raises nothing (it keeps a client's errors); if one did (a bug), the
+                # thread would end without handing the turn on, and a leader without a timeout would hang.
+                task()
                 kept = True
             finally:
                 with self._cond:

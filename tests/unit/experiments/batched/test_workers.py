@@ -101,3 +101,32 @@ def test_a_run_on_the_stacked_engine_serves_every_round_from_the_same_threads_wh
     assert "error" not in out, out.get("error")
     assert sorted(seen) == [1, 2, 3] and seen[1] == seen[2] == seen[3] and len(seen[1]) == 4
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]  # ended with the run
+
+
+def test_a_pool_that_cannot_start_a_thread_keeps_the_workers_it_has_for_the_next_tasks(monkeypatch):
+    pool = ClientThreads()
+    done = [threading.Event()]
+    first = pool.assign([done[0].set])
+    _run(first, done)
+    pool.wait_idle()
+    started = ClientThreads._started
+
+    def one_more_then_none(self, worker):
+        if len(created) == 1:
+            raise RuntimeError("can't start new thread")
+        created.append(worker)
+        return started(self, worker)
+
+    created: list = []
+    monkeypatch.setattr(ClientThreads, "_started", one_more_then_none)
+    with pytest.raises(RuntimeError, match="can't start"):
+        pool.assign([done[0].set] * 3)  # the idle worker taken, one started, the third fails
+    monkeypatch.setattr(ClientThreads, "_started", started)
+    assert "error" not in finishes(pool.wait_idle, 10, hung="counted tasks that were never given")
+    done = [threading.Event() for _ in range(2)]
+    again = pool.assign([event.set for event in done])
+    assert set(again) == {first[0], created[0]}  # the same two workers, nothing lost
+    _run(again, done)
+    pool.wait_idle()
+    pool.close()
+    assert not any(worker.thread.is_alive() for worker in again)
