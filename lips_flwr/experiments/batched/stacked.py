@@ -18,6 +18,10 @@ differently). In float64 the two agree to ~1e-12; in float32 usually to
 ~1e-7, but training on few samples is chaotic: a rounding-sized difference
 can flip a ReLU or a max-pool choice and then move some weights by far more
 (the sequential loop does the same when its weights are nudged by 1e-7).
+Images with large regions of one value (Fashion-MNIST's background, 65% of
+its pixels) make such flips whole regions at once: one step on the paper
+app's client data gave 6e-5 apart, and 2e-7 with 1e-4 of noise on the
+inputs (``tests/unit/experiments/batched/test_engines_agree.py``).
 BatchNorm running statistics and ``num_batches_tracked`` are updated in
 place in the stacked buffers, one count per step, as in the sequential loop
 (BatchNorm with ``momentum=None`` is not supported under vmap).
