@@ -6,8 +6,9 @@ on one),
 :mod:`.calls` (a ClientApp call: its reply or Flower's error reply, with a
 deadline), :mod:`.rendezvous` (a round's client threads meet at their
 training call), :mod:`.workers` (those threads, kept from one delivery to
-the next), :mod:`.stacked` (the gathered calls run at once, the clients'
-models stacked with ``torch.func``) and :mod:`.signature` (which models may
+the next), :mod:`.chunks` (a chunk of the gathered calls run, together or
+one by one), :mod:`.stacked` (calls run at once, the clients' models
+stacked with ``torch.func``) and :mod:`.signature` (which models may
 be stacked together).
 """
 

@@ -48,7 +48,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any, TypeVar
 
@@ -56,42 +55,13 @@ import torch
 from flwr.common.logger import log
 from torch import nn
 
-from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference, model_signature
+import lips_flwr.experiments.batched.chunks as chunks
+from lips_flwr.experiments.batched.chunks import GatheredCall
+from lips_flwr.experiments.batched.signature import Entry, alone_reason, difference
 from lips_flwr.experiments.batched.workers import ClientThreads, Worker
-from lips_flwr.experiments.seeding import GlobalsState, restore_globals, saved_globals
-from lips_flwr.experiments.task.training import evaluate_tensors, train_tensors
+from lips_flwr.experiments.seeding import restore_globals, saved_globals
 
 T = TypeVar("T")
-
-
-@dataclass(eq=False)
-class _Call:
-    """One client's pending call of ``train`` or ``evaluate``."""
-
-    kind: str
-    net: nn.Module
-    x: torch.Tensor
-    y: torch.Tensor
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    result: Any = None
-    error: BaseException | None = None
-    index: int = 0  # the client's place in the round (its thread's), the order calls run in
-    generators: GlobalsState | None = None  # the client's process-wide generators (``keep_generators``)
-
-    def work(self) -> tuple:
-        """What must be equal for calls to be stacked, besides their models: kind, data, settings."""
-        settings = tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items() if k != "seed"))
-        return (self.kind, tuple(self.x.shape), self.x.dtype, tuple(self.y.shape), self.y.dtype,
-                self.x.device, settings)
-
-    def signature(self) -> list[Entry]:
-        """The model's signature in the mode its loop puts it in first (``train_tensors``: ``train()``)."""
-        self.net.train(self.kind == "train")
-        return model_signature(self.net)
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(sorted(value)) if isinstance(value, (set, frozenset)) else value
 
 
 class Rendezvous:
@@ -124,7 +94,7 @@ class Rendezvous:
         self.chunk_size, self.autocast, self.keep_generators = chunk_size, autocast, keep_generators
         self.on_split = on_split
         self._cond = threading.Condition()  # guards what follows; the leader waits on it
-        self._calls: list[_Call] = []
+        self._calls: list[GatheredCall] = []
         self._running = 0  # client threads neither waiting in a call, finished nor abandoned
         self._thread = threading.local()  # .index: the client a thread runs; .turn: it holds the turn
         self._gates: list[threading.Lock] = []  # client i waits for the turn at gate i (its worker's)
@@ -142,12 +112,12 @@ class Rendezvous:
 
     # -- the clients' side (LocalCompute) ------------------------------------------------------
     def train(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> float:
-        return self._wait(_Call("train", net, x, y, kwargs))
+        return self._wait(GatheredCall("train", net, x, y, kwargs))
 
     def evaluate(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-        return self._wait(_Call("evaluate", net, x, y))
+        return self._wait(GatheredCall("evaluate", net, x, y))
 
-    def _wait(self, call: _Call) -> Any:
+    def _wait(self, call: GatheredCall) -> Any:
         if not getattr(self._thread, "turn", False):
             # A thread the client started: its parent keeps the turn while it waits for it, so
             # no other client could reach its call and the gathering would never complete.
@@ -287,7 +257,7 @@ class Rendezvous:
             self._line_up(calls)
         return failure
 
-    def _line_up(self, calls: Sequence[_Call]) -> None:
+    def _line_up(self, calls: Sequence[GatheredCall]) -> None:
         """Put the clients of ``calls`` (results or errors in) in line for the turn, in order."""
         with self._cond:
             self._running += len(calls)
@@ -330,7 +300,7 @@ class Rendezvous:
         self._running -= 1
         self._open_next()
 
-    def _execute(self, calls: list[_Call]) -> None:
+    def _execute(self, calls: list[GatheredCall]) -> None:
         groups = self._groups(calls)
         for group in groups:
             start = 0
@@ -338,7 +308,7 @@ class Rendezvous:
                 size = self.chunk_size or len(group)
                 chunk = group[start:start + size]
                 try:
-                    _run_together(chunk, self.autocast)
+                    chunks.run_together(chunk, self.autocast)
                     self.stacked += len(chunk) if len(chunk) > 1 else 0
                     self.one_by_one += 1 if len(chunk) == 1 else 0
                 except torch.cuda.OutOfMemoryError:
@@ -350,14 +320,14 @@ class Rendezvous:
                 except Exception as err:  # noqa: BLE001 - find whose call it is: one by one
                     log(WARNING, "stacked %s of %d clients failed (%r); running them one by one",
                         chunk[0].kind, len(chunk), err)
-                    _run_one_by_one(chunk)
+                    chunks.run_one_by_one(chunk)
                     self.one_by_one += len(chunk)
                 start += len(chunk)
 
-    def _groups(self, calls: list[_Call]) -> list[list[_Call]]:
+    def _groups(self, calls: list[GatheredCall]) -> list[list[GatheredCall]]:
         """The calls that may be stacked together: the same work and model signature, in client order."""
-        groups: dict[tuple, list[_Call]] = {}
-        first_of_work: dict[tuple, tuple[list[Entry], _Call]] = {}
+        groups: dict[tuple, list[GatheredCall]] = {}
+        first_of_work: dict[tuple, tuple[list[Entry], GatheredCall]] = {}
         reported: set[tuple] = set()
         for call in calls:
             try:
@@ -373,55 +343,6 @@ class Rendezvous:
                 self.on_split(f"stacked engine: {self._names[call.index]}'s {call.kind} call differs from "
                               f"{self._names[first.index]}'s ({difference(signature, first_signature)})")
         return list(groups.values())
-
-
-def _run_together(chunk: list[_Call], autocast: torch.dtype | None = None) -> None:
-    if len(chunk) == 1:
-        _run_one_by_one(chunk)
-        return
-    from lips_flwr.experiments.batched.stacked import evaluate_stacked, train_stacked
-
-    nets, data = [c.net for c in chunk], [(c.x, c.y) for c in chunk]
-    # models_checked: a chunk is of one group (Rendezvous._groups), whose models have one signature
-    if chunk[0].kind == "train":
-        settings = {k: v for k, v in chunk[0].kwargs.items() if k != "seed"}
-        seeds = [int(c.kwargs.get("seed", 0)) for c in chunk]
-        results: list[Any] = list(train_stacked(nets, data, seeds=seeds, autocast=autocast,
-                                                models_checked=True, **settings))
-    else:
-        results = list(evaluate_stacked(nets, data, autocast=autocast, models_checked=True))
-    for call, result in zip(chunk, results):
-        call.result = result
-
-
-def _run_one_by_one(chunk: list[_Call]) -> None:
-    from lips_flwr.experiments.batched.stacked import _seeded_global_rng
-
-    for call in chunk:
-        try:
-            if call.generators is not None:  # the client's own generators, as if it ran the call itself
-                restore_globals(call.generators)
-                try:
-                    call.result = _run_alone(call)
-                finally:
-                    call.generators = saved_globals()
-            elif call.kind == "train":
-                # The global RNG (dropout) seeded with the call's seed, as the client seeded it before
-                # its call: the clients' threads seeded it in turn while they arrived, so it holds
-                # whichever came last.
-                with _seeded_global_rng(int(call.kwargs.get("seed", 0)), call.x.device):
-                    call.result = _run_alone(call)
-            else:
-                call.result = _run_alone(call)
-        except Exception as err:  # noqa: BLE001 - raised in the client's own thread
-            call.error = err
-
-
-def _run_alone(call: _Call) -> Any:
-    """What the sequential engine runs for ``call``."""
-    if call.kind == "train":
-        return train_tensors(call.net, call.x, call.y, **call.kwargs)
-    return evaluate_tensors(call.net, call.x, call.y)
 
 
 __all__ = ["Rendezvous"]

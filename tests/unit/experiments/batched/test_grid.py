@@ -16,7 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from flower_fakes import task_identity  # noqa: F401
-from lips_flwr.experiments.batched import rendezvous as rendezvous_module
+from lips_flwr.experiments.batched import chunks as chunks_module
 from lips_flwr.experiments.batched import BatchedGrid, run_batched
 from lips_flwr.experiments.batched.rendezvous import Rendezvous
 from lips_flwr.experiments.task.training import SEQUENTIAL, computing_with, local_compute
@@ -90,7 +90,7 @@ def _record_stacks(monkeypatch) -> list[list[int]]:
         for call in chunk:
             call.result = 0.0
 
-    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    monkeypatch.setattr(chunks_module, "run_together", fake_together)
     return stacks
 
 
@@ -140,7 +140,7 @@ def test_rendezvous_gathers_every_call_of_a_phase_and_halves_a_chunk_on_out_of_m
         for call in chunk:
             call.result = float(call.kwargs["seed"]) if call.kind == "train" else (0.0, float(call.x.sum()))
 
-    monkeypatch.setattr(rendezvous_module, "_run_together", fake_together)
+    monkeypatch.setattr(chunks_module, "run_together", fake_together)
     rendezvous = Rendezvous()
     net = torch.nn.Linear(1, 1)
 
@@ -218,7 +218,7 @@ def test_a_call_run_alone_draws_its_dropout_from_its_own_seed_whichever_thread_s
 def test_client_threads_take_turns_running_their_python(monkeypatch):
     # A hundred runnable threads fought over the GIL (and every arrival woke every waiting
     # thread): a call's overhead on the stacked engine was ~50 ms against ~6 ms with turns.
-    monkeypatch.setattr(rendezvous_module, "_run_together",
+    monkeypatch.setattr(chunks_module, "run_together",
                         lambda chunk, autocast=None: [setattr(c, "result", 0.0) for c in chunk])
     rendezvous = Rendezvous()
     net = torch.nn.Linear(1, 1)
@@ -249,7 +249,7 @@ def test_client_threads_take_turns_running_their_python(monkeypatch):
 def test_the_turn_goes_to_the_clients_in_their_order_in_every_phase(monkeypatch):
     # The turn is handed on from client to client (each thread waits at its own gate): in the
     # clients' order, whichever thread the OS would have woken first.
-    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk, autocast=None: [
+    monkeypatch.setattr(chunks_module, "run_together", lambda chunk, autocast=None: [
         setattr(c, "result", 0.0 if c.kind == "train" else (0.0, 0.0)) for c in chunk])
     rendezvous = Rendezvous()
     net = torch.nn.Linear(1, 1)
@@ -306,7 +306,7 @@ def _finishes(fn, seconds: float = 30.0):
 def test_a_call_from_a_thread_the_client_started_is_an_error_not_a_hang(monkeypatch):
     import asyncio
 
-    monkeypatch.setattr(rendezvous_module, "_run_together",
+    monkeypatch.setattr(chunks_module, "run_together",
                         lambda chunk, autocast=None: [setattr(c, "result", 1.0) for c in chunk])
     rendezvous = Rendezvous()
     net = torch.nn.Linear(1, 1)
@@ -329,7 +329,7 @@ def test_when_running_the_gathered_calls_fails_no_client_is_left_waiting(monkeyp
     def fail(chunk, autocast=None):
         raise failure()
 
-    monkeypatch.setattr(rendezvous_module, "_run_together", fail)
+    monkeypatch.setattr(chunks_module, "run_together", fail)
     rendezvous = Rendezvous()
     net = torch.nn.Linear(1, 1)
     seen: list[str] = []
@@ -351,7 +351,7 @@ def test_when_running_the_gathered_calls_fails_no_client_is_left_waiting(monkeyp
 
 
 def test_a_failing_stacked_chunk_falls_back_to_one_by_one_so_an_error_stays_its_clients(monkeypatch):
-    monkeypatch.setattr(rendezvous_module, "_run_together", lambda chunk, autocast=None: 1 / 0)
+    monkeypatch.setattr(chunks_module, "run_together", lambda chunk, autocast=None: 1 / 0)
     rendezvous = Rendezvous()
     nets = [torch.nn.Linear(1, 2) for _ in range(3)]
     xs = [torch.zeros(4, 1), torch.zeros(4, 1), torch.zeros(4, 1)]
