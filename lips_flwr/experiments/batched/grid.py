@@ -44,18 +44,17 @@ it returns.
 
 ``seed`` makes a run reproducible for an app that never seeds: the
 ServerApp starts with the process-wide generators (``random``, numpy's,
-torch's) seeded from ``derive_seed(seed, 0)``, and every client call with
-them seeded from ``derive_seed(seed, 1 + partition-id, round, kind)``
-(:meth:`BatchedGrid.call_seed`, :mod:`~lips_flwr.experiments.seeding`), the
-ServerApp's own states put back after it. On the stacked engine each client
-keeps its own generators across its turns, so it draws what it would on the
-sequential engine, except that a stacked call's dropout draws come from a
-generator of its own (seeded from the first client's ``seed`` argument) and
-leave the client's torch generator where it was; stacked training agrees
-with sequential to rounding, not bit for bit. A run in which a call times
-out is not exactly reproducible: the abandoned call goes on drawing from the
-shared generators. ``observer`` (a :class:`GridObserver`) is told of every
-push and every delivery's replies as they happen.
+torch's) seeded from ``derive_seed(seed, 0)``, every client call with them
+seeded from ``derive_seed(seed, 1 + partition-id, round, kind)``
+(:meth:`BatchedGrid.call_seed`), the ServerApp's own states put back after
+it. On the stacked engine each client keeps its own generators across its
+turns, so it draws what it would on the sequential engine, except a stacked
+call's dropout (a generator of its own, seeded from its first client's
+``seed``); stacked training agrees with sequential to rounding, not bit for
+bit. A call that times out goes on drawing from the shared generators (the
+run is then not exactly reproducible).
+``observer`` (a :class:`GridObserver`) is told of every push and every
+delivery's replies as they happen.
 
 A client's state file (:func:`~lips_flwr.clients.persistent_state_mod`) is
 written behind the next clients' calls, and every file of a delivery is
@@ -252,9 +251,8 @@ class BatchedGrid(Grid):
 
     @contextlib.contextmanager
     def client_threads_kept(self) -> Iterator[None]:
-        """Within the block, the stacked engine runs every delivery's clients in the same worker
-        threads (:mod:`.workers`: no hundred threads started and ended each time); they end with it.
-        Outside it, each delivery's threads are its own."""
+        """Within the block, the stacked engine's deliveries share worker threads (:mod:`.workers`),
+        which end with it; outside it, each delivery's threads are its own."""
         if self.engine != "stacked" or self._threads is not None:
             yield
             return
@@ -321,7 +319,8 @@ class BatchedGrid(Grid):
         # The clients' state files are written behind the calls; the wait for them counts as the clients'
         # time and is bounded as a call is (TimeoutError: a stuck disk stops the run rather than hang it).
         # With a seed, the ServerApp's generators are kept across the delivery (each call seeds them first).
-        with saves_behind(timeout), self._kept():
+        kept = globals_kept() if self.seed is not None else contextlib.nullcontext()
+        with saves_behind(timeout), kept:
             if self.engine == "sequential":
                 answered = self._run_sequential(callable_now, seeds, timeout)
             else:
@@ -334,10 +333,6 @@ class BatchedGrid(Grid):
             self.observer.replied(replies)
         for msg, reply in answered:
             self._replies[msg.metadata.message_id] = reply
-
-    def _kept(self) -> contextlib.AbstractContextManager:
-        """With a seed, the caller's (the ServerApp's) generators are kept across a delivery's calls."""
-        return globals_kept() if self.seed is not None else contextlib.nullcontext()
 
     def _run_sequential(self, calls: list[Message], seeds: list[int | None],
                         timeout: float | None) -> Answered:
