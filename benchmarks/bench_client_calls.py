@@ -6,7 +6,8 @@ the CPU by what a call costs besides training and evaluating: receiving the
 message, the mods (persistent state, FedBN, LIPS), loading the model, the
 reply's records. This runs the paper app (``conf/prereg-fmnist-gpu-dir0.1.toml``,
 ``algorithm=lips``, with the study's checkpoint and client-state folder, or
-without the folder: ``--no-state-files``) at a tiny compute (10 samples, 10 test samples, 1 epoch) on the sequential engine,
+without the folder: ``--no-state-files``) at a tiny compute (10 samples, 10
+test samples, 1 epoch) on the sequential engine (or ``--engine stacked``),
 for ``lips_flwr`` and ``examples/paper`` as they were at ``--rev`` and as they
 are in the working tree, the Grid seeded as the experiment runner seeds a run
 (every call seeded; the stacked engine keeps each client's generators), in

@@ -10,7 +10,6 @@ near the threshold (the strict xfail below says why).
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
@@ -19,24 +18,17 @@ import pytest
 
 from lips_flwr.experiments.batched import run_batched
 from lips_flwr.experiments.batched.calls import round_of
-
-PAPER = Path(__file__).resolve().parents[4] / "examples" / "paper"
-sys.path.insert(0, str(PAPER))
-
-from lips_paper.client_app import app as paper_client  # noqa: E402
-from lips_paper.server_app import app as paper_server  # noqa: E402
+from test_grid import PAPER, paper_client, paper_server, run_config
 
 
 def gpu_regime(tmp_path: Path) -> dict:
     """The GPU regime's run config at 4 clients, 2 rounds and a tiny compute."""
-    from lips_flwr.experiments.runner.apps import load_app, resolve_run_config
-
     conf = tomllib.loads((PAPER / "conf" / "prereg-fmnist-gpu-dir0.1.toml").read_text())
     conf.pop("federation")
     conf.update({"algorithm": "lips", "seed": 1000, "num-server-rounds": 2, "samples-per-client": 20,
                  "test-samples": 20, "local-epochs": 1, "batch-size": 20, "device": "cpu",
                  "results-path": str(tmp_path / "results.json")})
-    return resolve_run_config(load_app(PAPER), conf)
+    return run_config(conf)
 
 
 class SecondRound:
