@@ -97,7 +97,7 @@ class Rendezvous:
         self._calls: list[GatheredCall] = []
         self._running = 0  # client threads neither waiting in a call, finished nor abandoned
         self._thread = threading.local()  # .index: the client a thread runs; .turn: it holds the turn
-        self._gates: list[threading.Lock] = []  # client i waits for the turn at gate i (its worker's)
+        self._workers: list[Worker] = []  # client i's thread, which waits for the turn at its gate
         self._next: deque[int] = deque()  # the clients in line for the turn, in the order they get it
         self._holder: int | None = None  # the client holding the turn, and since when (time.monotonic())
         self._since = 0.0
@@ -144,7 +144,7 @@ class Rendezvous:
 
     def _await_turn(self) -> None:
         """Wait until this client thread's gate opens: the turn is its own."""
-        self._gates[self._thread.index].acquire()
+        self._workers[self._thread.index].gate.acquire()
         self._thread.turn = True
 
     def _pass_turn(self) -> None:
@@ -161,7 +161,7 @@ class Rendezvous:
         (under ``_cond``)."""
         if self._next:
             self._holder, self._since = self._next.popleft(), time.monotonic()
-            self._gates[self._holder].release()
+            self._workers[self._holder].gate.release()
             if self._timeout is not None and (self._wake_at is None or self._deadline() < self._wake_at):
                 self._cond.notify()  # the leader times this turn, which runs out before the one it waits for
         elif self._running == 0:
@@ -206,14 +206,14 @@ class Rendezvous:
         pool = threads if threads is not None else ClientThreads()
         try:
             # Each client in a copy of the caller's context (contextvars), as the sequential engine's calls.
-            workers = pool.assign([functools.partial(contextvars.copy_context().run, client_thread, i)
-                                   for i in range(len(clients))])
-            self._running, self._gates = len(clients), [worker.gate for worker in workers]
+            self._workers = pool.assign([functools.partial(contextvars.copy_context().run, client_thread, i)
+                                         for i in range(len(clients))])
+            self._running = len(clients)
             self._next, self._holder = deque(range(len(clients))), None
             with self._cond:
                 self._open_next()  # client 0 first
             try:
-                failure = self._lead(workers, pool)
+                failure = self._lead(pool)
             except BaseException as stop:  # a Ctrl-C while the leader waits: no client left waiting
                 self._release_waiting(stop)
                 raise
@@ -227,7 +227,7 @@ class Rendezvous:
             raise errors[0]
         return [None if i in self.abandoned else result for i, result in enumerate(results)]
 
-    def _lead(self, workers: list[Worker], pool: ClientThreads) -> BaseException | None:
+    def _lead(self, pool: ClientThreads) -> BaseException | None:
         """Run the gathered calls until every client thread has finished; what failed them, if anything."""
         failure: BaseException | None = None  # raised by running gathered calls (a stop, a bug)
         while True:
@@ -236,7 +236,7 @@ class Rendezvous:
                     left = self._time_left()
                     self._wake_at = None if left is None else time.monotonic() + left
                     self._cond.wait(left)
-                    self._abandon_overdue(workers, pool)
+                    self._abandon_overdue(pool)
                 self._wake_at = None
                 calls, self._calls = self._calls, []
             if not calls:
@@ -287,12 +287,12 @@ class Rendezvous:
         assert self._timeout is not None and self._holder is not None
         return self._since + self._timeout - self._held[self._holder]
 
-    def _abandon_overdue(self, workers: Sequence[Worker], pool: ClientThreads) -> None:
+    def _abandon_overdue(self, pool: ClientThreads) -> None:
         """Leave out the client holding the turn if it ran past the timeout (the leader, under ``_cond``)."""
         left = self._time_left()
         if left is None or left > 0 or self._holder is None:
             return
-        worker = workers[self._holder]
+        worker = self._workers[self._holder]
         assert worker.thread is not None
         self.abandoned[self._holder] = worker.thread
         pool.retire(worker)
