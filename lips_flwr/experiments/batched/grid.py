@@ -59,7 +59,7 @@ delivery's replies as they happen.
 A client's state file (:func:`~lips_flwr.clients.persistent_state_mod`) is
 written behind the next clients' calls, and every file of a delivery is
 written before its replies go on, within the delivery's ``timeout`` after
-its calls (:func:`~lips_flwr.clients.persist.saves_behind`).
+its calls (:func:`~lips_flwr.clients.saves_behind.saves_behind`).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from lips_flwr.clients.persist import saves_behind
+from lips_flwr.clients.saves_behind import saves_behind
 from lips_flwr.errors import ConfigError
 from lips_flwr.experiments.batched.arrays import Shared, view_records
 from lips_flwr.experiments.batched.calls import (

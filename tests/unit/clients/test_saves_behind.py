@@ -1,4 +1,4 @@
-"""Client state files written behind the next call (``persist.saves_behind``), as the batched Grid has them.
+"""Client state files written behind the next call (``clients.saves_behind``), as the batched Grid has them.
 
 Within the block a save returns at once and the block's thread writes the
 file; leaving the block waits for every file, so what is on disk then is
@@ -19,7 +19,7 @@ from test_client_persist import KEY, new_run_context, train_round
 from test_clients import FakeApp
 
 import lips_flwr.clients.persist as persist
-from lips_flwr.clients.persist import saves_behind
+from lips_flwr.clients.saves_behind import saves_behind
 from lips_flwr.persistence.npz_store import read_groups
 
 pytestmark = pytest.mark.usefixtures("task_identity")
