@@ -2,8 +2,9 @@
 
 :class:`LIPSCore` holds the hyperparameters; after each aggregation the
 strategy adapters make one call, :meth:`LIPSCore.round`, with the round, the
-aggregate and the previous global model, and get back a :class:`RoundOutcome`:
-the model to broadcast, what was masked and the round's metrics. Everything
+aggregate and the previous global model, and get back a
+:class:`~.outcome.RoundOutcome`: the model to broadcast, what was masked and
+the round's metrics. Everything
 the adapters do with Flower records, the wire keys and files on disk lives
 outside this module (:mod:`lips_flwr.strategies`, :mod:`lips_flwr.protocol`,
 :mod:`lips_flwr.persistence`); the core's state is plain data
@@ -14,15 +15,15 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import numpy as np
 
 from .checks import nonfinite_arrays
-from .inertia import InertiaTracker, relative_steps, update_norms
+from .inertia import InertiaTracker, relative_steps
 from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import mask_layers, model_update
+from .outcome import RoundOutcome, ZeroPositions, mask_change
 from .schedule import MaskSchedule
 from .scores import needs_update, validate_score
 from .trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger, TriggerDecision, validate_trigger
@@ -36,65 +37,6 @@ OPTIONS = (
 TRIGGER_OPTIONS = ("trigger", "trigger_window", "trigger_factor")
 
 Model = Mapping[str, np.ndarray]
-
-
-class ZeroPositions(Mapping[str, np.ndarray]):
-    """``model[name] == 0`` per name, computed when first read: most rounds read none (only a
-    wrapped strategy's changed model cache or ``inertia_t0`` does), and on a float64 aggregate
-    (Flower's FedAdam) the comparisons cost 0.5 ms of a ResNet8 mask round (bench_server.py)."""
-
-    def __init__(self, model: Model, names: list[str]) -> None:
-        self._arrays = {name: model[name] for name in names}  # (the arrays, whatever becomes of the dict)
-        self._read: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._read:
-            self._read[name] = self._arrays[name] == 0  # (KeyError for another name)
-        return self._read[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._arrays
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-
-@dataclass
-class RoundOutcome:
-    """What one round's aggregate becomes (see :meth:`LIPSCore.round`).
-
-    Attributes
-    ----------
-    model : dict or None
-        The model to broadcast when LIPS changed the aggregate (a server-mode
-        mask round): every tensor in the aggregate's order, unmasked tensors
-        being the aggregate's own objects. ``None``: broadcast the aggregate
-        as it is.
-    masks : Mapping
-        Per masked tensor, a boolean array, ``True`` where this round zeroed
-        the broadcast model (the adapters zero the same positions in the
-        wrapped strategies' caches); each computed when first read
-        (:class:`ZeroPositions`).
-    metrics : dict
-        The round's ``lips-*`` (and, with ``inertia_t0``, ``inertia-*``)
-        metrics; empty when there was no aggregate.
-    decision : TriggerDecision or None
-        With ``trigger="inertia"``, on a mask round: which layers stagnate
-        (in server mode the layers masked; in client mode those the clients
-        were told to mask).
-    problem : str or None
-        Why a mask round masked nothing although it should have: no
-        aggregate, or NaN/Inf in the aggregate or its update.
-    """
-
-    model: dict[str, np.ndarray] | None = None
-    masks: Mapping[str, np.ndarray] = field(default_factory=dict)
-    metrics: dict[str, int | float] = field(default_factory=dict)
-    problem: str | None = None
-    decision: TriggerDecision | None = None
 
 
 class LIPSCore:
@@ -339,7 +281,7 @@ class LIPSCore:
             if steps is not None:
                 metrics.update({f"inertia-rel-step/{n}": v for n, v in steps.items()})
             if outcome.model is not None:
-                metrics.update(_mask_change(aggregate, outcome.model, outcome.masks))
+                metrics.update(mask_change(aggregate, outcome.model, outcome.masks))
         if outcome.decision is not None:
             metrics.update(outcome.decision.metrics())
         metrics["lips-seconds"] = time.perf_counter() - start
@@ -449,11 +391,4 @@ def _nonfinite_reason(what: str, arrays: Model) -> str | None:
     return f"{what} has NaN or Inf in {bad[:5]}" if bad else None
 
 
-def _mask_change(aggregate: Model, masked: Model, masks: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """``lips-mask-change/<layer>``: the mask's relative change of each masked layer."""
-    removed = update_norms({n: np.where(masks[n], aggregate[n], 0) for n in masks})
-    sizes = update_norms({n: aggregate[n] for n in masks})
-    return {f"lips-mask-change/{n}": removed[n] / sizes[n] if sizes[n] > 0 else 0.0 for n in masks}
-
-
-__all__ = ["LIPSCore", "MODES", "OPTIONS", "RoundOutcome", "TRIGGER_OPTIONS", "ZeroPositions"]
+__all__ = ["LIPSCore", "MODES", "OPTIONS", "TRIGGER_OPTIONS"]

@@ -7,7 +7,8 @@ from typing import Any
 
 from flwr.common import log
 
-from ...core.lips import LIPSCore, RoundOutcome
+from ...core.lips import LIPSCore
+from ...core.outcome import RoundOutcome
 from ..replies.gate import ReplyAccess
 
 
