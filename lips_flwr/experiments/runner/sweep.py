@@ -30,11 +30,11 @@ import shutil
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .board import Progress, ProgressBoard
 from .provenance import THREAD_VARIABLES
 from .resume import claim_staging
 from .runs import PreparedRun, RunSpec, identity_now, legacy_run_config, prepare
@@ -56,8 +56,6 @@ if TYPE_CHECKING:
 
 STOPPED_EXIT = 130  # a sweep's exit status after a Ctrl-C (128 + SIGINT, as a shell reports it)
 NODE_RETRIES = 3  # times a run whose node was lost runs again (then it fails, its staging kept)
-
-Progress = Callable[[str], None]
 
 
 class SweepFailed(RuntimeError):
@@ -142,47 +140,6 @@ def plan(prepared: list[PreparedRun], recompute: bool, progress: Progress) -> li
         raise ValueError("refusing to run: " + "\n  ".join(["", *refused])
                          + "\n(recompute=True, or --recompute, runs them again and replaces those files)")
     return to_run
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-class _Board:
-    """Progress of a sweep's runs: ``[name] round r/R, ETA ...`` for the run and the sweep."""
-
-    def __init__(self, jobs: list[PreparedRun], progress: Progress) -> None:
-        self.progress, self.start = progress, time.monotonic()
-        self.total = {job.name: job.num_rounds for job in jobs}
-        self.done: dict[str, int] = {}
-        self.first: dict[str, tuple[int, float]] = {}  # name -> (first round seen, when)
-        self.finished: set[str] = set()
-        self.rounds_seen = 0
-
-    def round(self, name: str, rnd: int) -> None:
-        if rnd <= self.done.get(name, 0):
-            return
-        now = time.monotonic()
-        self.first.setdefault(name, (rnd, now))
-        self.rounds_seen += 1
-        self.done[name] = rnd
-        total = self.total[name]
-        line = f"[{name}] round {rnd}" + (f"/{total}" if total else "")
-        first, since = self.first[name]
-        if total and rnd > first:
-            line += f", ETA {_duration((total - rnd) * (now - since) / (rnd - first))}"
-        left = sum((t or 1) - self.done.get(n, 0) for n, t in self.total.items() if n not in self.finished)
-        rate = self.rounds_seen / max(now - self.start, 1e-9)
-        line += f" (sweep: {len(self.finished)} of {len(self.total)} runs done"
-        line += f", ETA {_duration(left / rate)})" if self.rounds_seen > len(self.first) else ")"
-        self.progress(line)
-
-    def finish(self, name: str) -> None:
-        self.finished.add(name)
-        self.progress(f"[{name}] done ({len(self.finished)} of {len(self.total)} runs of the sweep)")
 
 
 def _failure(job: PreparedRun, outcome: Outcome) -> str:
@@ -276,7 +233,7 @@ def run_tasks(jobs: list[PreparedRun], parallel: int | None, progress: Progress,
     cwd, path = os.getcwd(), tuple(sys.path)
     tasks = RayRuns(plan, lambda job: Place(cwd, path, {**given, **run_environment(job.spec, plan.threads)}),
                     lambda job: claim_staging(job, progress))
-    board, watch, stalled = _Board(jobs, progress), StallWatch(stall_timeout), set()
+    board, watch, stalled = ProgressBoard(jobs, progress), StallWatch(stall_timeout), set()
     failure: str | None = None
     halt: str | None = None  # (a run's app-level failure: the running runs are cancelled now)
 
