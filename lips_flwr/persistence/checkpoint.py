@@ -16,7 +16,7 @@ A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
   chain of wrappers and attribute name;
 * ``python_random``, ``numpy_random``: the state of Python's ``random``
   module, from which Flower's strategies sample nodes, and of numpy's global
-  RNG, from which Flower's DP wrappers draw their noise;
+  RNG, from which Flower's DP wrappers draw their noise (:mod:`.random_state`);
 * ``identity``: the run that wrote it: a fingerprint of its *initial* global
   model (names, shapes, dtypes, SHA-256 of the bytes) and its settings, taken
   at its first save and kept for the whole run (:mod:`.identity`). A resume
@@ -37,20 +37,20 @@ frees when the process dies) from the start of its run.
 This module holds the :class:`Checkpoint` record, its saving and loading (every
 field checked as it is read: :mod:`._checks`), and the checks of the
 ``checkpoint_path`` / ``resume`` options a strategy runs before its first
-round. The history sidecar (:mod:`.history`), the lock (:mod:`.lock`) and the
-identity (:mod:`.identity`) have modules of their own.
+round. The history sidecar (:mod:`.history`), the lock (:mod:`.lock`), the
+identity (:mod:`.identity`) and the generators' states (:mod:`.random_state`)
+have modules of their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +66,7 @@ from .npz_store import (
     temporary_prefix,
     write_groups,
 )
+from .random_state import check_python_random, numpy_random_from, numpy_random_parts
 
 FORMAT = "lips-flwr-checkpoint"
 # 2: the history in a sidecar file, the run's identity. Version 1 files (history inline) are read.
@@ -101,27 +102,6 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)
     # The inertia trigger's series (JSON-able, LIPSCore.state()["trigger"]); None: the schedule.
     trigger: dict[str, Any] | None = None
-
-
-def python_random_state() -> list:
-    """Python's ``random`` state as JSON-able lists."""
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
-
-
-def restore_python_random(state: list) -> None:
-    version, internal, gauss = state
-    random.setstate((version, tuple(internal), gauss))
-
-
-def numpy_random_state() -> tuple:
-    """numpy's global RNG state (Flower's DP wrappers draw their noise from it)."""
-    # A tuple for the global RNG (MT19937); the stub also allows a dict.
-    return cast(tuple, np.random.get_state(legacy=True))
-
-
-def restore_numpy_random(state: tuple) -> None:
-    np.random.set_state(state)
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
@@ -168,9 +148,7 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
     if checkpoint.trigger is not None:  # absent for the paper's schedule: those files stay as they were
         meta["trigger"] = checkpoint.trigger
     if checkpoint.numpy_random is not None:
-        name, keys, pos, has_gauss, cached = checkpoint.numpy_random
-        groups["numpy-random"] = {"keys": np.asarray(keys, dtype=np.uint32)}
-        meta["numpy_random"] = [str(name), int(pos), int(has_gauss), float(cached)]
+        groups["numpy-random"], meta["numpy_random"] = numpy_random_parts(checkpoint.numpy_random)
     with path_lock(path):  # one save at a time in this process: neither removes the other's temporary
         write_groups(path, groups, meta)
         remove_stale_temporaries(path)
@@ -236,11 +214,7 @@ def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Ch
                 inertia[part] = groups[f"inertia-{part}"] if stored else None
     python_random = meta["python_random"]
     if python_random is not None:
-        version, internal, gauss = python_random
-        if not (isinstance(version, int) and len(internal) == 625
-                and all(isinstance(i, int) for i in internal)
-                and (gauss is None or isinstance(gauss, float))):
-            raise ValueError("malformed Python random state")
+        check_python_random(python_random)
     history = meta.get("history")
     if isinstance(history, dict) and "jsonl_bytes" in history:
         history = None  # in the sidecar: read by load_checkpoint
@@ -257,11 +231,7 @@ def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Ch
         raise ValueError("malformed strategy state")
     numpy_random = meta.get("numpy_random")
     if numpy_random is not None:
-        name, pos, has_gauss, cached = numpy_random
-        keys = groups["numpy-random"]["keys"]
-        if name != "MT19937" or keys.shape != (624,) or keys.dtype != np.uint32:
-            raise ValueError("malformed numpy random state")
-        numpy_random = (name, keys, checked_int(pos), checked_int(has_gauss), float(cached))
+        numpy_random = numpy_random_from(numpy_random, groups["numpy-random"]["keys"])
     layers = meta["layers"]
     if layers is not None and not all(isinstance(n, str) for n in layers):
         raise ValueError("malformed layer list")
@@ -399,7 +369,6 @@ def model_mismatch(saved: Mapping[str, np.ndarray], model: Mapping[str, np.ndarr
 
 __all__ = [
     "Checkpoint", "FORMAT", "RESUME_CHOICES", "VERSION", "check_writable", "checkpoint_to_resume",
-    "existing_checkpoint", "load_checkpoint", "model_mismatch", "numpy_random_state", "python_random_state",
-    "restore_numpy_random", "restore_python_random", "resume_option", "save_checkpoint", "settings_mismatch",
-    "validate_resume",
+    "existing_checkpoint", "load_checkpoint", "model_mismatch", "resume_option", "save_checkpoint",
+    "settings_mismatch", "validate_resume",
 ]

@@ -25,16 +25,18 @@ from ...persistence.checkpoint import (
     checkpoint_to_resume,
     existing_checkpoint,
     model_mismatch,
-    numpy_random_state,
-    python_random_state,
-    restore_numpy_random,
-    restore_python_random,
     save_checkpoint,
     validate_resume,
 )
 from ...persistence.history import HistoryLog
 from ...persistence.identity import fingerprint_mismatch
 from ...persistence.lock import CheckpointLock, lock_checkpoint
+from ...persistence.random_state import (
+    numpy_random_state,
+    python_random_state,
+    restore_numpy_random,
+    restore_python_random,
+)
 from ...protocol import new_run_key
 from ..chain import check_declarations
 from .chain_state import ChainRecord, FromState, ToState, restore_state, unshaped_state

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lips_flwr.persistence import checkpoint as ckpt
+from lips_flwr.persistence import random_state
 from lips_flwr.persistence.checkpoint import (
     Checkpoint,
     checkpoint_to_resume,
@@ -42,7 +43,7 @@ def full_checkpoint() -> Checkpoint:
         inertia={"t0": 2, "reference": {"conv2.weight": model(1)["conv2.weight"]}, "previous": None},
         strategy={"0.FedAvgM.momentum_vector": ("list", {"0": np.ones(3), "1": np.float32(2.0)}),
                   "1.FedAdam.m_t": ("dict", {"a": np.zeros((2, 2))})},
-        python_random=ckpt.python_random_state(),
+        python_random=random_state.python_random_state(),
     )
 
 
@@ -71,7 +72,7 @@ def test_python_random_state_round_trips_through_the_file(tmp_path):
     save_checkpoint(tmp_path / "c.npz", saved)
     expected = [random.random() for _ in range(5)]
     random.seed(99)
-    ckpt.restore_python_random(load_checkpoint(tmp_path / "c.npz").python_random)
+    random_state.restore_python_random(load_checkpoint(tmp_path / "c.npz").python_random)
     assert [random.random() for _ in range(5)] == expected
 
 
