@@ -68,12 +68,12 @@ _BEHIND: ContextVar[_Writer | None] = ContextVar("lips_flwr_client_saves_behind"
 
 @contextmanager
 def saves_behind(timeout: float | None = None) -> Iterator[None]:
-    """Within the block, :func:`save_state` hands its file to the block's thread and returns.
+    """Within the block, :func:`~.persist.save_state` hands its file to the block's thread and returns.
 
     For this context and the contexts copied from it (the batched Grid's
     client threads). One thread writes the files, one after another, in the
     order the saves were made. Leaving the block waits until every one is
-    written (an OS error logged as :func:`save_state` logs it), at most
+    written (an OS error logged as :func:`~.persist.save_state` logs it), at most
     ``timeout`` seconds (``None``: no limit), then raises a ``TimeoutError``
     naming the file still being written, or else the first other error a
     write raised. When the block ends by an exception, that one goes on, and
