@@ -4,9 +4,9 @@
 strategy adapters make one call, :meth:`LIPSCore.round`, with the round, the
 aggregate and the previous global model, and get back a
 :class:`~.outcome.RoundOutcome`: the model to broadcast, what was masked and
-the round's metrics. Everything
-the adapters do with Flower records, the wire keys and files on disk lives
-outside this module (:mod:`lips_flwr.strategies`, :mod:`lips_flwr.protocol`,
+the round's metrics. Everything the adapters do with Flower records, the
+wire keys and files on disk lives outside this module
+(:mod:`lips_flwr.strategies`, :mod:`lips_flwr.protocol`,
 :mod:`lips_flwr.persistence`); the core's state is plain data
 (:meth:`LIPSCore.state`).
 """
@@ -215,7 +215,7 @@ class LIPSCore:
         with NaN or Inf in a floating-point tensor (or whose update ``dw``
         has them in a layer to mask) is not masked: ranking garbage would hide
         it. The round then reports ``lips-mask-round`` 0, ``lips-skipped`` 1
-        and the reason in :attr:`RoundOutcome.problem`. Inertia (with
+        and the reason in :attr:`~.outcome.RoundOutcome.problem`. Inertia (with
         ``inertia_t0``) is observed on the *unmasked* aggregate; on a mask
         round ``lips-mask-change/<layer>`` then reports apart how far the mask
         moved each layer (``||masked - aggregate|| / ||aggregate||``), and

@@ -231,7 +231,7 @@ def _checkpoint_from(groups: dict[str, dict[str, np.ndarray]], meta: dict) -> Ch
         raise ValueError("malformed strategy state")
     numpy_random = meta.get("numpy_random")
     if numpy_random is not None:
-        numpy_random = numpy_random_from(numpy_random, groups["numpy-random"]["keys"])
+        numpy_random = numpy_random_from(numpy_random, groups)
     layers = meta["layers"]
     if layers is not None and not all(isinstance(n, str) for n in layers):
         raise ValueError("malformed layer list")

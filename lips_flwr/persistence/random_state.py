@@ -11,6 +11,7 @@ both are checked as they are read: a damaged file fails on load, not mid-run.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import cast
 
 import numpy as np
@@ -55,10 +56,11 @@ def numpy_random_parts(state: tuple) -> tuple[dict[str, np.ndarray], list]:
     return {"keys": np.asarray(keys, dtype=np.uint32)}, [str(name), int(pos), int(has_gauss), float(cached)]
 
 
-def numpy_random_from(scalars: list, keys: np.ndarray) -> tuple:
-    """The state :func:`numpy_random_parts` wrote, checked (``ValueError``): for
-    :func:`restore_numpy_random`."""
+def numpy_random_from(scalars: list, groups: Mapping[str, Mapping[str, np.ndarray]]) -> tuple:
+    """The state :func:`numpy_random_parts` wrote (its ``scalars``, and the keys in the file's
+    ``groups``), checked (``ValueError``): for :func:`restore_numpy_random`."""
     name, pos, has_gauss, cached = scalars
+    keys = groups["numpy-random"]["keys"]
     if name != "MT19937" or keys.shape != (624,) or keys.dtype != np.uint32:
         raise ValueError("malformed numpy random state")
     return (name, keys, checked_int(pos), checked_int(has_gauss), float(cached))

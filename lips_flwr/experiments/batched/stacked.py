@@ -14,9 +14,9 @@ elementwise, so it is every client's own fresh optimizer at once.
 augmentations: each client's generator is drawn from in the same order) and
 :func:`evaluate_stacked` what :func:`~lips_flwr.experiments.task.training.evaluate_tensors`
 does, up to floating-point rounding (vmap batches the convolutions and the
-linear layer, so each weight gradient is summed in another order: one
-backward pass of FashionCNN's 4 clients gave 1e-7 to 5e-5 relative apart,
-every weight layer but the last convolution). In float64 the two agree to ~1e-12; in float32 usually to
+linear layer, which sums the weight gradients in another order: in one
+backward pass of FashionCNN's 4 clients every weight gradient but the last
+convolution's came out 1e-7 to 5e-5 relative apart). In float64 the two agree to ~1e-12; in float32 usually to
 ~1e-7, but training on few samples is chaotic: a rounding-sized difference
 can flip a ReLU or a max-pool choice and then move some weights by far more
 (the sequential loop does the same when its weights are nudged by 1e-7).

@@ -83,9 +83,10 @@ def ray_session(address: str | None, progress: Progress) -> Iterator[None]:
 # but the main one allocates from arenas whose empty heaps go back too: each round's new replies (a
 # ResNet8's: 4.9 MB of bytes), the stacked engine's client threads' copies and torch's CPU tensors were
 # faulted in again page by page (a 4.9 MB reply in a thread: ~600 faults, 1.7 ms on the development VM,
-# against 0.2 ms from memory kept). One arena, and blocks up to 64 MB kept: a run's process holds its
-# peak memory until it ends (each run has its own).
-MALLOC_SETTINGS = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(64 << 20),
+# against 0.2 ms from memory kept). One arena, and blocks up to 32 MB kept (glibc's most before 2.35, where
+# a larger threshold is ignored while the trim threshold still turns the sliding one off): a run's process
+# holds its peak memory until it ends (each run has its own).
+MALLOC_SETTINGS = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
                    "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
@@ -106,19 +107,26 @@ def start_local_ray() -> None:
 
 
 def malloc_settings() -> dict[str, str]:
-    """:data:`MALLOC_SETTINGS`, or none where this process's environment sets any of them."""
-    return {} if any(name in os.environ for name in MALLOC_SETTINGS) else dict(MALLOC_SETTINGS)
+    """:data:`MALLOC_SETTINGS`, or none where this process's environment sets any of them, or any
+    of glibc's malloc tunables (``GLIBC_TUNABLES=glibc.malloc...``): the user's choice stands."""
+    mine = any(name in os.environ for name in MALLOC_SETTINGS)
+    return {} if mine or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else dict(MALLOC_SETTINGS)
 
 
 @contextlib.contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``os.environ`` for the block (what Ray's processes started in it inherit), then not."""
+    """``values`` in ``os.environ`` for the block (what Ray's processes started in it inherit), then
+    what was there before."""
+    before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
         yield
     finally:
-        for name in values:
-            os.environ.pop(name, None)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
