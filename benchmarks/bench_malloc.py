@@ -2,7 +2,7 @@
 
 A sweep's local Ray starts its processes with ``MALLOC_SETTINGS``
 (``lips_flwr.experiments.runner.dispatch``: one malloc arena, freed blocks up
-to 32 MB kept): without them a run faulted each round's new replies and
+to 64 MB kept, 32 MB before glibc 2.35): without them a run faulted each round's new replies and
 tensors in again page by page. Each variant is a whole ``lips-flwr compare``
 process of the paper app (one seed, two arms) into a fresh folder, as a
 user runs it; ``glibc`` sets ``MALLOC_ARENA_MAX=0`` (glibc's own default) in

@@ -83,11 +83,12 @@ def ray_session(address: str | None, progress: Progress) -> Iterator[None]:
 # but the main one allocates from arenas whose empty heaps go back too: each round's new replies (a
 # ResNet8's: 4.9 MB of bytes), the stacked engine's client threads' copies and torch's CPU tensors were
 # faulted in again page by page (a 4.9 MB reply in a thread: ~600 faults, 1.7 ms on the development VM,
-# against 0.2 ms from memory kept). One arena, and blocks up to 32 MB kept (glibc's most before 2.35, where
-# a larger threshold is ignored while the trim threshold still turns the sliding one off): a run's process
-# holds its peak memory until it ends (each run has its own).
-MALLOC_SETTINGS = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+# against 0.2 ms from memory kept). One arena, and blocks up to 64 MB kept (32 MB before glibc 2.35, which
+# ignores more while the trim threshold still turns the sliding one off, pinning it at 128 KB): a run's
+# process holds its peak memory until it ends (each run has its own).
+MALLOC_SETTINGS = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(64 << 20),
                    "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+OLD_GLIBC_MMAP_THRESHOLD = str(32 << 20)  # the most glibc < 2.35 takes (HEAP_MAX_SIZE / 2 on 64 bits)
 
 
 def start_local_ray() -> None:
@@ -107,10 +108,26 @@ def start_local_ray() -> None:
 
 
 def malloc_settings() -> dict[str, str]:
-    """:data:`MALLOC_SETTINGS`, or none where this process's environment sets any of them, or any
-    of glibc's malloc tunables (``GLIBC_TUNABLES=glibc.malloc...``): the user's choice stands."""
-    mine = any(name in os.environ for name in MALLOC_SETTINGS)
-    return {} if mine or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") else dict(MALLOC_SETTINGS)
+    """:data:`MALLOC_SETTINGS` (the mmap threshold at 32 MB for glibc < 2.35), or none where this
+    process's environment sets any of them, or any of glibc's malloc tunables
+    (``GLIBC_TUNABLES=glibc.malloc...``): the user's choice stands."""
+    if any(name in os.environ for name in MALLOC_SETTINGS) or "glibc.malloc." in os.environ.get(
+            "GLIBC_TUNABLES", ""):
+        return {}
+    settings = dict(MALLOC_SETTINGS)
+    if glibc_version() < (2, 35):
+        settings["MALLOC_MMAP_THRESHOLD_"] = OLD_GLIBC_MMAP_THRESHOLD
+    return settings
+
+
+def glibc_version() -> tuple[int, ...]:
+    """This process's glibc version, e.g. ``(2, 36)``; ``(0,)`` where there is none to name (another C
+    library, or another OS: the variables are then read by nothing)."""
+    try:
+        name, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
+        return tuple(int(part) for part in version.split(".")[:2]) if name == "glibc" else (0,)
+    except (ValueError, OSError):
+        return (0,)
 
 
 @contextlib.contextmanager
@@ -353,5 +370,5 @@ def _runtime_env(job: PreparedRun) -> dict[str, Any]:
     return {"runtime_env": {"env_vars": dict(job.spec.env)}} if job.spec.env else {}
 
 
-__all__ = ["MALLOC_SETTINGS", "Outcome", "Plan", "RayRuns", "malloc_settings", "ray_session",
-           "start_local_ray"]
+__all__ = ["MALLOC_SETTINGS", "OLD_GLIBC_MMAP_THRESHOLD", "Outcome", "Plan", "RayRuns", "glibc_version",
+           "malloc_settings", "ray_session", "start_local_ray"]

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import lips_flwr.experiments.runner.dispatch as dispatch
 from lips_flwr.experiments.runner.dispatch import MALLOC_SETTINGS, _environment, malloc_settings
 
 
@@ -29,7 +30,7 @@ def test_a_run_process_of_the_local_ray_starts_with_one_malloc_arena_and_memory_
 
     task = local_ray.remote(max_calls=1)(started_with)  # (a fresh worker process, as a run's)
     environment, accepted = local_ray.get(task.remote())
-    assert {name: environment.get(name) for name in MALLOC_SETTINGS} == MALLOC_SETTINGS
+    assert {name: environment.get(name) for name in MALLOC_SETTINGS} == malloc_settings()
     assert accepted == 1  # (a threshold glibc refuses would leave the trim threshold fixing it at 128 KB)
     assert not any(name in os.environ for name in MALLOC_SETTINGS)  # (the sweep's own process: unchanged)
 
@@ -38,7 +39,7 @@ def test_a_run_process_of_the_local_ray_starts_with_one_malloc_arena_and_memory_
 def test_a_malloc_variable_the_user_set_leaves_all_of_them_to_the_user(monkeypatch, name):
     for other in MALLOC_SETTINGS:
         monkeypatch.delenv(other, raising=False)
-    assert malloc_settings() == MALLOC_SETTINGS
+    assert malloc_settings().keys() == MALLOC_SETTINGS.keys()
     monkeypatch.setenv(name, "0")
     assert malloc_settings() == {}
 
@@ -47,9 +48,24 @@ def test_glibc_malloc_tunables_the_user_set_leave_the_settings_to_the_user(monke
     for name in MALLOC_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
-    assert malloc_settings() == MALLOC_SETTINGS
+    assert malloc_settings().keys() == MALLOC_SETTINGS.keys()
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")
     assert malloc_settings() == {}
+
+
+def test_glibc_before_2_35_gets_the_largest_mmap_threshold_it_takes(monkeypatch):
+    for name in MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(dispatch, "glibc_version", lambda: (2, 35))
+    assert malloc_settings() == MALLOC_SETTINGS and MALLOC_SETTINGS["MALLOC_MMAP_THRESHOLD_"] == str(64 << 20)
+    monkeypatch.setattr(dispatch, "glibc_version", lambda: (2, 31))  # (Debian 11, Ubuntu 20.04)
+    assert malloc_settings() == {**MALLOC_SETTINGS, "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+
+
+def test_the_glibc_version_is_read_from_this_process():
+    version = dispatch.glibc_version()
+    assert version == (0,) or (len(version) == 2 and version >= (2, 17))
 
 
 def test_the_settings_are_in_the_environment_only_while_ray_starts_and_a_value_before_comes_back(monkeypatch):
