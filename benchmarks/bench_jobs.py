@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, table
+from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, process_wall, table
 
 sys.path[:0] = [str(ROOT / "tests" / "integration")]
 from test_compare_jobs_and_stop import SWAP, make_sequences  # noqa: E402
@@ -47,12 +45,7 @@ def compare_wall(app: Path, out: Path, seeds: int, rounds: int, nodes: int, extr
            ",".join(str(1000 + s) for s in range(seeds)), "--num-supernodes", str(nodes), "--engine",
            "sequential", "--out", str(out), "--run-config", f"num-server-rounds={rounds}",
            f"data-path='{app.parent / 'sequences.npz'}'", *extra]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall
+    return process_wall(cmd)
 
 
 def main() -> None:

@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, table
+from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, process_wall, table
 
 CONF = ROOT / "examples" / "paper" / "conf"
 WORKLOADS = {
@@ -45,13 +43,7 @@ def compare_wall(out: Path, rounds: int, workload: list[str], env: dict[str, str
     app = ROOT / "examples" / "paper"
     cmd = [sys.executable, "-m", "lips_flwr.experiments.compare.cli", "compare", str(app), "--seeds", "1",
            "--out", str(out), *workload, f"num-server-rounds={rounds}"]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False,
-                          env={**os.environ, **env})
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall
+    return process_wall(cmd, env)
 
 
 def main() -> None:

@@ -163,6 +163,20 @@ def load_line() -> str:
     return f"load average {os.getloadavg()[0]:.1f}"
 
 
+def process_wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall seconds of one process run to its end in the repository (``RuntimeError`` with the end of
+    its output if it failed); ``env``: added to this process's environment."""
+    import subprocess  # noqa: PLC0415
+
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False,
+                          env=None if env is None else {**os.environ, **env})
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return wall
+
+
 def code_line() -> str:
     """Which lips_flwr code was measured: the commit, and files changed since."""
     import subprocess  # noqa: PLC0415
