@@ -76,6 +76,8 @@ for _path in (str(ROOT), str(APP)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from common import rotated  # noqa: E402 - (benchmarks/, the script's folder, is on sys.path)
+
 SYNTHETIC = "cifar100"  # --gpu: the dataset name whose data are generated (ResNet8 with 100 classes)
 
 
@@ -611,8 +613,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as folder:
         tmp = Path(folder)
         for rep in range(args.reps):
-            order = w["engines"][rep % len(w["engines"]):] + w["engines"][:rep % len(w["engines"])]
-            for name in order:
+            for name in rotated(w["engines"], rep):
                 print(f"[rep {rep}] {name}: load average {load()}", flush=True)
                 out = run_engine(name, w, tmp, f"{name}-{rep}", args)
                 runs[name].append(out)

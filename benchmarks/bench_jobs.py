@@ -30,7 +30,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, process_wall, table
+from common import (
+    ROOT,
+    code_line,
+    load_line,
+    machine_line,
+    median,
+    paired_ratio,
+    process_wall,
+    rotated,
+    table,
+)
 
 sys.path[:0] = [str(ROOT / "tests" / "integration")]
 from test_compare_jobs_and_stop import SWAP, make_sequences  # noqa: E402
@@ -66,7 +76,7 @@ def main() -> None:
         names = list(VARIANTS)
         print(load_line())
         for rep in range(args.reps):
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
+            for name in rotated(names, rep):
                 out = Path(tmp) / f"out-{rep}-{name}"
                 walls[name].append(compare_wall(app, out, args.seeds, args.rounds, args.nodes, VARIANTS[name]))
                 shutil.rmtree(out)

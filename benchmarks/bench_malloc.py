@@ -27,7 +27,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, process_wall, table
+from common import (
+    ROOT,
+    code_line,
+    load_line,
+    machine_line,
+    median,
+    paired_ratio,
+    process_wall,
+    rotated,
+    table,
+)
 
 CONF = ROOT / "examples" / "paper" / "conf"
 WORKLOADS = {
@@ -62,7 +72,7 @@ def main() -> None:
             names = list(VARIANTS)
             print(load_line())
             for rep in range(args.reps):
-                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                for name in rotated(names, rep):
                     out = Path(tmp) / f"out-{workload}-{rep}-{name}"
                     walls[name].append(compare_wall(out, args.rounds, options, VARIANTS[name]))
                     shutil.rmtree(out)

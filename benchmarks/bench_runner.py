@@ -54,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, table
+from common import ROOT, code_line, load_line, machine_line, median, paired_ratio, rotated, table
 
 APP = ROOT / "examples" / "paper"
 CONF = APP / "conf" / "fashion-mnist-quick.toml"
@@ -170,7 +170,7 @@ def part_b(rounds: int, reps: int, work: Path, pool_rev: str | None) -> list[lis
           f"{'pool at ' + pool_rev + '; ' if pool_rev else ''}{load_line()}", flush=True)
     try:
         for rep in range(reps):
-            for name, jobs in variants[rep % len(variants):] + variants[:rep % len(variants)]:
+            for name, jobs in rotated(variants, rep):
                 folder = work / f"b-{name}-{jobs}-{rep}"
                 folder.mkdir()
                 seconds, ray_start = run_sweep_process(values, nodes, jobs, folder, code[name])

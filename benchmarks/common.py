@@ -84,6 +84,13 @@ def nbytes(model: dict[str, np.ndarray]) -> int:
 
 # ----- timing -----
 
+def rotated(items: list, rep: int) -> list:
+    """``items`` in the order repetition ``rep`` runs them: the start turns one place a repetition, so
+    that no variant always runs first (or right after the same other one)."""
+    turn = rep % len(items)
+    return items[turn:] + items[:turn]
+
+
 def paired_times(
     variants: dict[str, Callable[[], object]], reps: int, warmup: int = 1
 ) -> dict[str, list[float]]:
@@ -94,8 +101,7 @@ def paired_times(
             variants[name]()
     times: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
-        order = names[rep % len(names):] + names[: rep % len(names)]
-        for name in order:
+        for name in rotated(names, rep):
             gc.collect()
             start = time.perf_counter()
             variants[name]()
