@@ -23,7 +23,7 @@ from .checks import nonfinite_arrays
 from .inertia import InertiaTracker, relative_steps
 from .layers import LayerSpec, candidate_names, is_candidate, select_layers, validate_layers
 from .masking import mask_layers, model_update
-from .outcome import RoundOutcome, ZeroPositions, mask_change
+from .outcome import Model, RoundOutcome, ZeroPositions, mask_change
 from .schedule import MaskSchedule
 from .scores import needs_update, validate_score
 from .trigger import DEFAULT_FACTOR, DEFAULT_WINDOW, InertiaTrigger, TriggerDecision, validate_trigger
@@ -35,8 +35,6 @@ OPTIONS = (
 )
 # The inertia trigger's options (beyond the paper; lips_flwr.core.trigger).
 TRIGGER_OPTIONS = ("trigger", "trigger_window", "trigger_factor")
-
-Model = Mapping[str, np.ndarray]
 
 
 class LIPSCore:

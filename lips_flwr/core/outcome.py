@@ -15,7 +15,7 @@ import numpy as np
 from .inertia import update_norms
 from .trigger import TriggerDecision
 
-Model = Mapping[str, np.ndarray]
+Model = Mapping[str, np.ndarray]  # (LIPSCore's too: a name -> ndarray model, in its order)
 
 
 class ZeroPositions(Mapping[str, np.ndarray]):

@@ -16,10 +16,11 @@ augmentations: each client's generator is drawn from in the same order) and
 does, up to floating-point rounding (vmap batches the convolutions and the
 linear layer, which sums the weight gradients in another order: in one
 backward pass of FashionCNN's 4 clients every weight gradient but the last
-convolution's came out 1e-7 to 5e-5 relative apart). In float64 the two agree to ~1e-12; in float32 usually to
-~1e-7, but training on few samples is chaotic: a rounding-sized difference
-can flip a ReLU or a max-pool choice and then move some weights by far more
-(the sequential loop does the same when its weights are nudged by 1e-7).
+convolution's came out 1e-7 to 5e-5 relative apart). In float64 the two
+agree to ~1e-12; in float32 usually to ~1e-7, but training on few samples
+is chaotic: a rounding-sized difference can flip a ReLU or a max-pool
+choice and then move some weights by far more (the sequential loop does
+the same when its weights are nudged by 1e-7).
 Images with large regions of one value (Fashion-MNIST's background, 65% of
 its pixels) make such flips whole regions at once: one step on the paper
 app's client data gave 6e-5 apart, and 2e-7 with 1e-4 of noise on the

@@ -24,15 +24,14 @@ from __future__ import annotations
 import contextlib
 import os
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import ConfigError, ResultFileError
+from ..runner.board import Progress
 from ..runner.runs import PreparedRun, RunSpec, prepare
 from ..runner.store import read_result
 from ..runner.sweep import plan
 
-Progress = Callable[[str], None]
 OUTPUTS = ("summary.json", "report.md", "curves.png", "inertia.png")  # what compare writes beside runs/
 
 

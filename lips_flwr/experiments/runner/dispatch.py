@@ -43,11 +43,11 @@ from ray.exceptions import NodeDiedError, RayError, TaskCancelledError, WorkerCr
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from .board import Progress
 from .runs import PreparedRun
 from .slots import available_cores, default_jobs
 from .worker import Place, run_task
 
-Progress = Callable[[str], None]
 POLL_S = 0.1  # seconds the sweep waits for a task's event before it looks at placed groups and ended tasks
 
 
@@ -111,8 +111,8 @@ def malloc_settings() -> dict[str, str]:
     """:data:`MALLOC_SETTINGS` (the mmap threshold at 32 MB for glibc < 2.35), or none where this
     process's environment sets any of them, or any of glibc's malloc tunables
     (``GLIBC_TUNABLES=glibc.malloc...``): the user's choice stands."""
-    if any(name in os.environ for name in MALLOC_SETTINGS) or "glibc.malloc." in os.environ.get(
-            "GLIBC_TUNABLES", ""):
+    users = any(name in os.environ for name in MALLOC_SETTINGS)
+    if users or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return {}
     settings = dict(MALLOC_SETTINGS)
     if glibc_version() < (2, 35):
